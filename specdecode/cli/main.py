@@ -1,0 +1,31 @@
+"""Entry point: `specdecode <command>`. Errors in user input print one clear line, not a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from specdecode import __version__
+from specdecode.cli import theory
+from specdecode.cli.output import err_console
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specdecode", description="Lossless speculative decoding.")
+    parser.add_argument("--version", action="version", version=f"specdecode {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    theory.add_parsers(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as exc:
+        err_console.print(f"[red]error:[/] {exc}")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""Shared printing: rich tables for people, one JSON document for machines."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Table:
+    t = Table(title=title, title_justify="left", min_width=len(title) + 4)
+    for col in columns:
+        t.add_column(col, justify="right")
+    for row in rows:
+        t.add_row(*(fmt(v) for v in row))
+    return t
+
+
+def fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1e4 else f"{value:.3e}"
+    return str(value)
+
+
+def emit_json(payload: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(payload, indent=None, default=float) + "\n")

@@ -1,0 +1,119 @@
+"""Logits -> probabilities, and sampling with explicit randomness.
+
+One function, `logits_to_probs`, turns logits into the distribution a token is
+sampled from. The engine calls it for the target (p) and for the draft (q) with
+the same `SamplingParams`, so q is exactly the distribution the draft token was
+drawn from (a raw, unprocessed q silently breaks losslessness).
+
+Processing order: temperature -> top-k -> top-p -> min-p. Temperature 0 means
+greedy and yields a one-hot distribution at the argmax, so greedy decoding runs
+through the same verification lines as sampling.
+
+Sampling never touches a global RNG: it takes a `torch.Generator` or the
+exponential noise itself (`sample_with_noise`), which lets tests replay the
+exact same randomness through two implementations.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How logits become a distribution. The defaults are plain sampling at T=1."""
+
+    temperature: float = 1.0  # 0 => greedy (one-hot argmax)
+    top_k: int = 0  # 0 => off; otherwise keep the k most likely tokens
+    top_p: float = 1.0  # nucleus: smallest set with mass >= top_p; 1 => off
+    min_p: float = 0.0  # drop tokens below min_p * max probability; 0 => off
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) \
+                or self.temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
+        if not isinstance(self.min_p, (int, float)) or not (0.0 <= self.min_p <= 1.0):
+            raise ValueError(f"min_p must be in [0, 1] (0 = off), got {self.min_p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Probabilities over the last dimension; any leading dimensions are batch.
+
+    Float64 logits stay float64 (exactness tests); anything else is computed in
+    float32. Raises ValueError on NaN logits or a row with no finite logit.
+    """
+    if not torch.is_tensor(logits) or not logits.is_floating_point() or logits.dim() < 1:
+        raise ValueError("logits must be a floating-point tensor [..., vocab]")
+    if logits.shape[-1] == 0:
+        raise ValueError("logits has an empty vocabulary dimension")
+    x = logits if logits.dtype == torch.float64 else logits.float()
+    if torch.isnan(x).any():
+        raise ValueError("logits contain NaN; the model produced invalid output (check dtype/overflow)")
+    row_max = x.amax(dim=-1, keepdim=True)
+    if (row_max == float("-inf")).any():
+        raise ValueError("logits has a row where every entry is -inf; nothing can be sampled")
+
+    if params.greedy:
+        return torch.zeros_like(x).scatter_(-1, x.argmax(dim=-1, keepdim=True), 1.0)
+
+    x = x / params.temperature
+    if params.top_k and params.top_k < x.shape[-1]:
+        kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    probs = torch.softmax(x, dim=-1)
+    if params.top_p < 1.0:
+        probs = _top_p(probs, params.top_p)
+    if params.min_p > 0.0:
+        keep = probs >= params.min_p * probs.amax(dim=-1, keepdim=True)
+        probs = probs * keep
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest most-likely set whose mass reaches top_p (at least one token)."""
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    keep_sorted = mass_before < top_p  # the first token always has mass_before == 0
+    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+    kept = probs * keep
+    return kept / kept.sum(dim=-1, keepdim=True)
+
+
+def exponential_noise(shape: tuple[int, ...], generator: torch.Generator | None,
+                      dtype: torch.dtype = torch.float64, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Exp(1) noise for `sample_with_noise`, drawn from an explicit generator."""
+    noise = torch.empty(shape, dtype=dtype, device=device)
+    return noise.exponential_(1.0, generator=generator)
+
+
+def sample_with_noise(weights: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """Sample index i with probability weights[i] / sum(weights), given Exp(1) noise.
+
+    The exponential race: argmax_i w_i / E_i with E_i ~ Exp(1) iid picks i with
+    probability w_i / sum w (E_i / w_i ~ Exp(w_i), and the smallest of independent
+    exponentials is index i with probability proportional to its rate). It needs
+    no normalisation and never picks a zero-weight index while any weight is > 0.
+    """
+    tiny = torch.finfo(noise.dtype).tiny
+    return torch.argmax(weights.to(noise.dtype) / noise.clamp_min(tiny), dim=-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Draw one index per row of `probs` [..., V] using an explicit generator."""
+    noise = exponential_noise(tuple(probs.shape), generator, dtype=probs.dtype, device=probs.device)
+    return sample_with_noise(probs, noise)

@@ -1,0 +1,74 @@
+"""Monte Carlo rounds of speculative sampling (the documents' exercise 6).
+
+A context-free world: every position has the same target p and draft q. Each
+round drafts K tokens from q and runs the real batched `verify` on them, so the
+simulator checks the production rule, not a re-implementation. Because the
+context does not matter here, every emitted token is an independent draw from p,
+and N (tokens per round) follows P(N=i) = alpha^(i-1)(1-alpha), P(N=K+1) = alpha^K.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specdecode.core.probs import sample
+from specdecode.core.theory import acceptance_rate, expected_tokens, tokens_per_round_pmf
+from specdecode.core.verify import Randomness, verify
+
+
+@dataclass(frozen=True, slots=True)
+class SimulationResult:
+    k: int
+    rounds: int
+    alpha: float  # sum min(p, q), exact
+    expected_tokens: float  # E[N] from the formula
+    mean_tokens: float  # measured tokens per round
+    n_counts: tuple[int, ...]  # n_counts[i-1] = rounds that emitted i tokens, i = 1..K+1
+    n_pmf: tuple[float, ...]  # the formula's P(N = i)
+    token_counts: tuple[int, ...]  # histogram of every emitted token
+    p: tuple[float, ...]  # the target distribution the histogram should follow
+
+
+def simulate_rounds(p: torch.Tensor, q: torch.Tensor, k: int, rounds: int,
+                    generator: torch.Generator, batch: int = 4096) -> SimulationResult:
+    """Simulate `rounds` independent rounds with K drafts from q, verified against p."""
+    if p.dim() != 1 or p.shape != q.shape:
+        raise ValueError(f"p and q must be vectors of the same length, got {tuple(p.shape)} and {tuple(q.shape)}")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"K must be an integer >= 1, got {k!r}")
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    alpha = acceptance_rate(p, q)
+    V = p.shape[0]
+    n_counts = torch.zeros(k + 1, dtype=torch.long)
+    token_counts = torch.zeros(V, dtype=torch.long)
+    done = 0
+    while done < rounds:
+        b = min(batch, rounds - done)
+        q_b = q.expand(b, k, V)
+        draft = sample(q_b, generator)
+        result = verify(draft, q_b, p.expand(b, k + 1, V), Randomness.draw(b, k, V, generator))
+        n_counts += torch.bincount(result.n_accepted, minlength=k + 1)
+        emitted = result.tokens[result.tokens >= 0]
+        token_counts += torch.bincount(emitted, minlength=V)
+        done += b
+    mean = float((n_counts * torch.arange(1, k + 2)).sum()) / rounds
+    return SimulationResult(
+        k=k, rounds=rounds, alpha=alpha, expected_tokens=expected_tokens(alpha, k), mean_tokens=mean,
+        n_counts=tuple(n_counts.tolist()), n_pmf=tuple(tokens_per_round_pmf(alpha, k)),
+        token_counts=tuple(token_counts.tolist()), p=tuple(p.tolist()),
+    )
+
+
+def random_pair(vocab: int, generator: torch.Generator, sharpness: float = 1.0,
+                closeness: float = 0.8) -> tuple[torch.Tensor, torch.Tensor]:
+    """A (p, q) pair over `vocab` tokens for demos: q is p's logits plus noise.
+
+    closeness in [0, 1]: 1 gives q == p, 0 gives independent q.
+    """
+    logits_p = torch.randn(vocab, generator=generator, dtype=torch.float64) * sharpness
+    noise = torch.randn(vocab, generator=generator, dtype=torch.float64) * sharpness
+    logits_q = closeness * logits_p + (1 - closeness) * noise
+    return torch.softmax(logits_p, 0), torch.softmax(logits_q, 0)

@@ -1,0 +1,58 @@
+"""`specdecode theory | simulate | rand7`: JSON output carries the documents' numbers; bad input is one line."""
+
+import json
+
+import pytest
+
+from specdecode.cli import main
+
+
+def run_json(capsys, *argv):
+    assert main(list(argv) + ["--json"]) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_theory_json(capsys):
+    out = run_json(capsys, "theory", "--alpha", "0.7", "--c", "8", "--k", "4", "8")
+    speedups = {r["K"]: round(r["speedup"], 2) for r in out["rows"]}
+    assert speedups == {4: 1.85, 8: 1.60}
+    assert out["optimal_k"]["0.7"] == 4
+    assert round(out["break_even_alpha"]["4"], 2) == 0.34
+
+
+def test_theory_alpha_from_pair(capsys):
+    out = run_json(capsys, "theory", "--p", "0.7,0.3", "--q", "0.4,0.6", "--k", "4")
+    assert out["pair_alpha"] == pytest.approx(0.7)
+
+
+def test_theory_tables_render(capsys):
+    assert main(["theory", "--k", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "optimal K" in out and "break-even" in out and "3.36" in out.replace("3.362", "3.36")
+
+
+def test_simulate_json(capsys):
+    out = run_json(capsys, "simulate", "--rounds", "3000", "--k", "3", "--seed", "1")
+    assert abs(out["mean_tokens"] - out["expected_tokens"]) < 0.15
+    assert out["token_p_value"] > 1e-4
+
+
+def test_rand7_json(capsys):
+    out = run_json(capsys, "rand7", "--n", "20000")
+    calls = {m["method"]: m["calls_per_draw"] for m in out["methods"]}
+    assert calls["basic"] == pytest.approx(50 / 21, abs=0.05)
+    assert calls["recycling"] == pytest.approx(2.2156, abs=0.05)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["theory", "--alpha", "1.5"], "alpha must be in [0, 1]"),
+    (["theory", "--p", "0.5,0.5"], "--p and --q go together"),
+    (["theory", "--p", "0.5,0.6", "--q", "0.5,0.5"], "probability vector"),
+    (["theory", "--k", "0"], "--k values must be >= 1"),
+    (["simulate", "--k", "0"], "K must be an integer >= 1"),
+    (["rand7", "--n", "0"], "--n must be >= 1"),
+])
+def test_bad_input_is_one_clear_line(capsys, argv, message):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err

@@ -1,0 +1,112 @@
+"""Probability processing: temperature, top-k, top-p, min-p, greedy; explicit-RNG sampling."""
+
+import pytest
+import torch
+
+from specdecode.core.probs import GREEDY, SamplingParams, logits_to_probs, sample, sample_with_noise
+from specdecode.stats import chi_square
+
+LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0], dtype=torch.float64)
+
+
+def test_temperature_one_is_softmax_and_scales():
+    assert torch.allclose(logits_to_probs(LOGITS, SamplingParams()), torch.softmax(LOGITS, 0))
+    assert torch.allclose(logits_to_probs(LOGITS, SamplingParams(temperature=0.5)), torch.softmax(LOGITS / 0.5, 0))
+
+
+def test_greedy_is_one_hot_argmax():
+    probs = logits_to_probs(LOGITS, GREEDY)
+    assert probs.tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
+    assert GREEDY.greedy and not SamplingParams().greedy
+
+
+def test_top_k_keeps_k_most_likely():
+    probs = logits_to_probs(LOGITS, SamplingParams(top_k=2))
+    assert (probs > 0).tolist() == [True, True, False, False, False]
+    assert probs.sum() == pytest.approx(1.0)
+    assert probs[0] / probs[1] == pytest.approx(torch.exp(torch.tensor(1.0)).item())
+
+
+def test_top_p_keeps_smallest_set_reaching_mass():
+    base = torch.softmax(LOGITS, 0)  # ~[0.55, 0.20, 0.12, 0.07, 0.03]
+    for top_p, kept in [(0.5, 1), (0.55, 1), (0.7, 2), (0.8, 3), (0.9, 4), (1.0, 5)]:
+        probs = logits_to_probs(LOGITS, SamplingParams(top_p=top_p))
+        n = int((probs > 0).sum())
+        assert n == kept, (top_p, n)
+        assert float(base[:n].sum()) >= top_p or n == 5
+        assert float(base[: n - 1].sum()) < top_p
+
+
+def test_min_p():
+    probs = logits_to_probs(LOGITS, SamplingParams(min_p=0.2))  # keep p >= 0.2 * 0.55
+    base = torch.softmax(LOGITS, 0)
+    assert ((probs > 0) == (base >= 0.2 * base.max())).all()
+    assert probs.sum() == pytest.approx(1.0)
+
+
+def test_batched_over_leading_dims_matches_rows():
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(3, 4, 17, generator=g, dtype=torch.float64)
+    params = SamplingParams(temperature=0.7, top_k=9, top_p=0.9, min_p=0.01)
+    batched = logits_to_probs(logits, params)
+    for i in range(3):
+        for j in range(4):
+            assert torch.equal(batched[i, j], logits_to_probs(logits[i, j], params))
+
+
+def test_bf16_logits_are_upcast():
+    probs = logits_to_probs(LOGITS.to(torch.bfloat16), SamplingParams())
+    assert probs.dtype == torch.float32
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(temperature=-0.1), "temperature"),
+    (dict(temperature=float("nan")), "temperature"),
+    (dict(top_k=-1), "top_k"),
+    (dict(top_k=1.5), "top_k"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.2), "top_p"),
+    (dict(min_p=-0.1), "min_p"),
+])
+def test_bad_params(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(**kwargs)
+
+
+def test_bad_logits():
+    with pytest.raises(ValueError, match="NaN"):
+        logits_to_probs(torch.tensor([0.0, float("nan")]), SamplingParams())
+    with pytest.raises(ValueError, match="-inf"):
+        logits_to_probs(torch.full((3,), float("-inf")), SamplingParams())
+    with pytest.raises(ValueError, match="floating-point"):
+        logits_to_probs(torch.tensor([1, 2]), SamplingParams())
+
+
+def test_sampling_is_reproducible_from_explicit_generator():
+    probs = torch.softmax(LOGITS, 0).expand(1000, 5)
+    a = sample(probs, torch.Generator().manual_seed(7))
+    b = sample(probs, torch.Generator().manual_seed(7))
+    c = sample(probs, torch.Generator().manual_seed(8))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_exponential_race_law_and_negative_control():
+    """sample() follows probs (chi-square); uniform noise instead of Exp(1) is caught.
+
+    False-failure probability: the correct sampler fails only if p-value < 1e-4,
+    i.e. with probability 1e-4 (fixed seed: deterministic in practice).
+    """
+    probs = torch.tensor([0.5, 0.25, 0.15, 0.07, 0.03], dtype=torch.float64)
+    n = 40_000
+    g = torch.Generator().manual_seed(3)
+    good = sample(probs.expand(n, 5), g)
+    assert chi_square(torch.bincount(good, minlength=5).tolist(), probs.tolist()).p_value > 1e-4
+    uniform_noise = torch.rand(n, 5, generator=g, dtype=torch.float64)
+    bad = sample_with_noise(probs.expand(n, 5), uniform_noise)
+    assert chi_square(torch.bincount(bad, minlength=5).tolist(), probs.tolist()).p_value < 1e-4
+
+
+def test_zero_weights_never_sampled():
+    probs = torch.tensor([0.0, 0.6, 0.0, 0.4], dtype=torch.float64).expand(5000, 4)
+    tokens = sample(probs, torch.Generator().manual_seed(0))
+    assert set(tokens.tolist()) <= {1, 3}
