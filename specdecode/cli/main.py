@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from specdecode import __version__
-from specdecode.cli import theory
+from specdecode.cli import generate, theory
 from specdecode.cli.output import err_console
 
 
@@ -14,6 +14,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdecode", description="Lossless speculative decoding.")
     parser.add_argument("--version", action="version", version=f"specdecode {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    generate.add_parsers(sub)
     theory.add_parsers(sub)
     return parser
 

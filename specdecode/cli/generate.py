@@ -1,0 +1,134 @@
+"""`specdecode generate "prompt"`: stream text from the target, sped up by the drafter."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from specdecode.cli.output import console, emit_json, err_console, table
+from specdecode.core.probs import SamplingParams
+from specdecode.engine.config import GenerationConfig
+from specdecode.engine.stats import GenerationStats
+
+STYLE = {"draft": "green", "correction": "yellow", "bonus": "bold cyan", "target": ""}
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """Model-selection flags shared by every command that loads models."""
+    p.add_argument("--target", help="target: transformers model directory or .gguf file "
+                                    "(default: embedded Qwen2.5-Coder-1.5B-Instruct)")
+    p.add_argument("--draft", help="draft: directory or .gguf (default: embedded Qwen2.5-Coder-0.5B-Instruct)")
+    p.add_argument("--dtype", default="auto", help="auto (= bfloat16), float32, bfloat16, float16, float64")
+    p.add_argument("--device", default="auto", help="auto (CUDA if available, else cpu), cpu, cuda, cuda:N")
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--k", type=int, default=4, help="draft tokens per round (default 4)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (default 1 = off)")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0 = off)")
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p * max prob (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def config_from_args(args: argparse.Namespace) -> GenerationConfig:
+    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
+    return GenerationConfig(max_new_tokens=args.max_new_tokens, sampling=sampling, k=args.k, seed=args.seed,
+                            stop=tuple(args.stop))
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="generate text with speculative decoding",
+                       description="Stream a completion from the target model, drafted by the draft model. "
+                                   "Greedy unless --temperature is set; the output is exactly the target's.")
+    p.add_argument("prompt", help="the prompt text")
+    add_model_args(p)
+    add_sampling_args(p)
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("--no-spec", action="store_true", help="plain autoregressive decoding (the baseline)")
+    p.add_argument("--compare", action="store_true",
+                   help="also run plain decoding afterwards and report the measured speedup")
+    p.add_argument("--show-drafts", action="store_true",
+                   help="colour tokens: green = accepted draft, yellow = correction, cyan = bonus")
+    p.add_argument("--json", action="store_true", help="print one JSON document (text + statistics)")
+    p.set_defaults(func=run_generate)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from specdecode.engine.decoder import SpeculativeDecoder  # heavy: only when generating
+
+    config = config_from_args(args)
+    speculative = not args.no_spec
+    decoder = SpeculativeDecoder.load(args.target, args.draft, dtype=args.dtype, device=args.device,
+                                      speculative=speculative or args.compare, progress=not args.json)
+    stats = GenerationStats()
+    t0 = time.perf_counter()
+    pieces: list[str] = []
+    tokens: list[int] = []
+    for chunk in decoder.stream(args.prompt, config, chat=args.chat, speculative=speculative, stats=stats):
+        pieces.append(chunk.text)
+        if args.json:
+            continue
+        if args.show_drafts:
+            _print_coloured(decoder, tokens, chunk)
+        else:
+            console.print(chunk.text, end="", markup=False, highlight=False, soft_wrap=True)
+        tokens += chunk.tokens
+    wall = time.perf_counter() - t0
+    text = "".join(pieces)
+
+    baseline = None
+    if args.compare and speculative:
+        baseline = decoder.generate(args.prompt, config, chat=args.chat, speculative=False)
+
+    if args.json:
+        payload = {"text": text, "speculative": speculative, "wall_seconds": wall, "stats": stats.summary()}
+        if baseline is not None:
+            payload["baseline"] = {"stats": baseline.stats.summary(), "same_text": baseline.text == text,
+                                   "speedup": _ratio(stats, baseline.stats)}
+        emit_json(payload)
+        return 0
+    console.print()
+    _print_stats(stats, speculative)
+    if baseline is not None:
+        same = "identical" if baseline.text == text else "different (expected only when sampling, or in bf16)"
+        console.print(f"plain decoding: {baseline.stats.tokens_per_second:.2f} tok/s; speculative "
+                      f"{stats.tokens_per_second:.2f} tok/s: [bold]{_ratio(stats, baseline.stats):.2f}x[/]; "
+                      f"outputs {same}")
+    return 0
+
+
+def _ratio(spec: GenerationStats, base: GenerationStats) -> float:
+    return spec.tokens_per_second / base.tokens_per_second if base.tokens_per_second else float("nan")
+
+
+def _print_coloured(decoder, before: list[int], chunk) -> None:
+    """Print each token of the chunk in the colour of its source."""
+    prefix = decoder.tokenizer.decode(before, skip_special_tokens=True)
+    ids = list(before)
+    for tok, src in zip(chunk.tokens, chunk.sources):
+        ids.append(tok)
+        text = decoder.tokenizer.decode(ids, skip_special_tokens=True)
+        piece, prefix = text[len(prefix):], text
+        console.print(piece, style=STYLE[src] or None, end="", markup=False, highlight=False, soft_wrap=True)
+
+
+def _print_stats(stats: GenerationStats, speculative: bool) -> None:
+    rows = [["new tokens", stats.new_tokens], ["tokens/s (decode)", stats.tokens_per_second],
+            ["prefill s", stats.t_prefill], ["finish", stats.finish_reason]]
+    if speculative:
+        per_pos = " ".join(f"{a}/{r}" for a, r in zip(stats.accepted_per_position, stats.reached_per_position))
+        rows += [["rounds", stats.num_rounds], ["drafted / accepted", f"{stats.drafted} / {stats.accepted}"],
+                 ["accepted/tested per position", per_pos or "-"],
+                 ["mean acceptance length (incl. bonus)", stats.mean_acceptance_length],
+                 ["alpha (per-position estimate)", _opt(stats.alpha)],
+                 ["time draft / verify s", f"{stats.t_draft:.2f} / {stats.t_verify:.2f}"],
+                 ["c = T_verify / T_draft step", _opt(stats.c)],
+                 ["predicted speedup E[N]c/(c+K)", _opt(stats.predicted_speedup)]]
+    err_console.print(table("statistics", ["", "value"], rows))
+
+
+def _opt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"

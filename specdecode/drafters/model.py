@@ -1,0 +1,61 @@
+"""The draft-model drafter: a smaller LM sampling K tokens with its own KV cache.
+
+The draft cache holds a prefix of what it has seen. Each round it is synced with
+the context by keeping the longest common prefix and feeding the rest in one
+pass. That one mechanism covers both rollback cases:
+- rejection after n accepted: the cache is cut back to context + n accepted, and
+  the correction token is fed;
+- all K accepted: the last draft token was sampled but never fed, so it is fed
+  now together with the bonus token (the catch-up).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from specdecode.backends.protocol import Model
+from specdecode.core.probs import SamplingParams, logits_to_probs, sample
+from specdecode.drafters.protocol import Proposal
+
+
+class ModelDrafter:
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.name = "model"
+        self._fed: list[int] = []  # the tokens whose K/V the draft cache holds, in order
+
+    def reset(self) -> None:
+        self.model.truncate(0)
+        self._fed = []
+
+    def propose(self, context: Sequence[int], k: int, params: SamplingParams,
+                generator: torch.Generator) -> Proposal:
+        if k < 1:
+            return Proposal([], None)
+        self._rollback_to_common_prefix(context)
+        feed = list(context[len(self._fed):])
+        tokens: list[int] = []
+        rows: list[torch.Tensor] = []
+        for i in range(k):
+            logits = self.model.forward(feed, n_logits=1)
+            self._fed.extend(feed)
+            q_i = logits_to_probs(logits[0], params)
+            x = int(sample(q_i, generator))
+            tokens.append(x)
+            rows.append(q_i)
+            feed = [x]  # the last draft is not fed this round: the next sync catches it up
+        return Proposal(tokens, torch.stack(rows))
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        pass  # rollback happens lazily at the next sync, from the context itself
+
+    def _rollback_to_common_prefix(self, context: Sequence[int]) -> None:
+        n = min(len(self._fed), len(context) - 1)  # keep >= 1 token to feed: it yields q_1
+        common = 0
+        while common < n and self._fed[common] == context[common]:
+            common += 1
+        if common < len(self._fed):
+            self.model.truncate(common)
+            del self._fed[common:]

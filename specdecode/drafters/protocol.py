@@ -1,0 +1,35 @@
+"""The drafter protocol: propose up to k tokens with the distributions they came from.
+
+`q` must be exactly the distribution each token was drawn from (after the same
+temperature/top-k/top-p processing as the target), or None for a deterministic
+drafter, whose q is one-hot at the proposed token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import torch
+
+from specdecode.core.probs import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    tokens: list[int]  # 0 <= len <= k drafted tokens
+    q: torch.Tensor | None  # [len, V]; None = deterministic drafter (one-hot q)
+
+
+class Drafter(Protocol):
+    name: str
+
+    def reset(self) -> None:
+        """Forget all state (a new request starts)."""
+
+    def propose(self, context: Sequence[int], k: int, params: SamplingParams,
+                generator: torch.Generator) -> Proposal:
+        """Draft up to k tokens continuing `context` (the prompt plus everything emitted)."""
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """Told after verification how many of the drafted tokens the target accepted."""

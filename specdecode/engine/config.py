@@ -1,0 +1,28 @@
+"""Generation settings, frozen: one object per request, never mutated."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specdecode.core.probs import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationConfig:
+    max_new_tokens: int = 128
+    sampling: SamplingParams = SamplingParams(temperature=0.0)
+    k: int = 4  # drafts per round (plain decoding is a decoder without a drafter, not k = 0)
+    seed: int = 0
+    stop: tuple[str, ...] = ()  # stop strings (text level)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
+                or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
+            raise ValueError(f"k must be an integer >= 1 (for plain decoding use --no-spec / "
+                             f"speculative=False), got {self.k!r}")
+        if not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty strings")

@@ -1,0 +1,70 @@
+"""`specdecode generate` on tiny models saved as transformers directories."""
+
+import json
+
+import pytest
+import torch
+
+from specdecode.cli import main
+from tests.tiny import CHARS, SPECIALS, char_tokenizer, tiny_model
+
+VOCAB = len(SPECIALS) + len(CHARS)
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    target = tiny_model(VOCAB, seed=11, dtype=torch.float32, scale=0.4)
+    draft = tiny_model(VOCAB, seed=12, base=target, noise=0.05, dtype=torch.float32)
+    dirs = []
+    for name, model in [("target", target), ("draft", draft)]:
+        model.save_pretrained(root / name)
+        char_tokenizer().save_pretrained(root / name)
+        dirs.append(str(root / name))
+    return dirs
+
+
+def gen(capsys, model_dirs, *extra):
+    argv = ["generate", "def f(x):", "--target", model_dirs[0], "--draft", model_dirs[1], "--dtype", "float32",
+            "--max-new-tokens", "24", *extra]
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out
+
+
+def test_json_spec_and_baseline_agree(capsys, model_dirs):
+    rc, out = gen(capsys, model_dirs, "--json", "--compare")
+    assert rc == 0
+    doc = json.loads(out.out.strip().splitlines()[-1])
+    assert doc["speculative"]
+    assert doc["stats"]["new_tokens"] == 24 or doc["stats"]["finish_reason"] == "stop"
+    assert doc["stats"]["new_tokens"] == doc["baseline"]["stats"]["new_tokens"]
+    assert doc["baseline"]["same_text"] is True
+    assert doc["stats"]["rounds"] < doc["baseline"]["stats"]["rounds"]
+    assert set(doc["stats"]) >= {"alpha", "c", "mean_acceptance_length", "accepted_per_position",
+                                 "predicted_speedup", "t_draft", "t_verify", "tokens_per_second"}
+
+
+def test_streams_text_and_prints_statistics(capsys, model_dirs):
+    rc, out = gen(capsys, model_dirs, "--show-drafts", "--temperature", "0.8", "--top-p", "0.9", "--seed", "3")
+    assert rc == 0
+    assert "alpha" in out.err and "mean acceptance length" in out.err
+    assert len(out.out.strip()) > 0
+
+
+def test_no_spec(capsys, model_dirs):
+    rc, out = gen(capsys, model_dirs, "--no-spec", "--json")
+    doc = json.loads(out.out.strip().splitlines()[-1])
+    assert rc == 0 and doc["speculative"] is False and doc["stats"]["drafted"] == 0
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--k", "0"], "k must be an integer >= 1"),
+    (["--temperature", "-1"], "temperature must be"),
+    (["--top-p", "0"], "top_p must be in (0, 1]"),
+    (["--draft", "/no/such/dir"], "does not exist"),
+    (["--dtype", "int3"], "unknown dtype"),
+])
+def test_bad_input_is_one_clear_line(capsys, model_dirs, extra, message):
+    rc, out = gen(capsys, model_dirs, *extra)
+    assert rc == 2 and message in out.err and "Traceback" not in out.err

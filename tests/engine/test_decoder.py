@@ -1,0 +1,117 @@
+"""The text API: seeds, streaming, stop strings, chat template, and clear errors on bad input."""
+
+import pytest
+import torch
+
+from specdecode.backends.hf import HFModel
+from specdecode.backends.weights import load_model
+from specdecode.core.probs import GREEDY, SamplingParams
+from specdecode.drafters.model import ModelDrafter
+from specdecode.engine.config import GenerationConfig
+from specdecode.engine.decoder import SpeculativeDecoder, check_compatible
+from tests.tiny import CHARS, SPECIALS, char_tokenizer, tiny_model, tiny_pair
+
+VOCAB = len(SPECIALS) + len(CHARS)
+
+
+@pytest.fixture(scope="module")
+def decoder():
+    target, draft = tiny_pair(vocab=VOCAB, seed=2, noise=0.1, scale=0.3)
+    return SpeculativeDecoder(target, char_tokenizer(), ModelDrafter(draft), eos_ids=[0])
+
+
+SAMPLED = GenerationConfig(max_new_tokens=30, sampling=SamplingParams(temperature=0.9, top_p=0.95), k=3, seed=5)
+
+
+def test_same_seed_same_output(decoder):
+    a = decoder.generate("def f(x):", SAMPLED)
+    b = decoder.generate("def f(x):", SAMPLED)
+    c = decoder.generate("def f(x):", GenerationConfig(**{**_fields(SAMPLED), "seed": 6}))
+    assert a.tokens == b.tokens and a.text == b.text
+    assert a.tokens != c.tokens
+
+
+def _fields(config):
+    return {f: getattr(config, f) for f in config.__dataclass_fields__}
+
+
+def test_stream_concatenates_to_generate(decoder):
+    chunks = list(decoder.stream("hello", SAMPLED))
+    gen = decoder.generate("hello", SAMPLED)
+    assert "".join(c.text for c in chunks) == gen.text
+    assert [t for c in chunks for t in c.tokens] == gen.tokens
+    assert all(len(c.tokens) == len(c.sources) for c in chunks)
+    # the last token is a plain target step when only one token of budget is left
+    assert {s for c in chunks for s in c.sources} <= {"draft", "correction", "bonus", "target"}
+
+
+def test_greedy_text_equals_plain(decoder):
+    config = GenerationConfig(max_new_tokens=40, sampling=GREEDY, k=4)
+    spec = decoder.generate("x = ", config)
+    plain = decoder.generate("x = ", config, speculative=False)
+    assert spec.text == plain.text and len(spec.tokens) == 40
+    assert {s for c in plain.chunks for s in c.sources} == {"target"}
+    assert spec.stats.num_rounds < plain.stats.num_rounds  # fewer target passes
+    assert spec.finish_reason == "length"
+
+
+def test_stop_string_truncates_text(decoder):
+    config = GenerationConfig(max_new_tokens=40, sampling=GREEDY, k=4)
+    full = decoder.generate("x = ", config).text
+    stop = full[10:12]
+    first = full.find(stop)
+    gen = decoder.generate("x = ", GenerationConfig(max_new_tokens=40, sampling=GREEDY, k=4, stop=(stop,)))
+    assert gen.text == full[:first]
+    assert "".join(c.text for c in decoder.stream("x = ", GenerationConfig(
+        max_new_tokens=40, sampling=GREEDY, k=4, stop=(stop,)))) == full[:first]  # nothing streamed past it
+    assert gen.finish_reason == "stop"
+
+
+def test_chat_template_is_applied(decoder):
+    ids = decoder.encode([{"role": "user", "content": "hi"}])
+    assert decoder.tokenizer.decode(ids) == "[user]hi\n[assistant]"
+    assert decoder.encode("hi", chat=True) == ids
+    assert decoder.encode("hi") == decoder.tokenizer.encode("hi")
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda d: d.generate("", SAMPLED), "prompt is empty"),
+    (lambda d: d.generate([], SAMPLED), "empty list of messages"),
+    (lambda d: d.generate("a" * 300, SAMPLED), "context"),
+    (lambda d: GenerationConfig(k=0), "k must be an integer >= 1"),
+    (lambda d: GenerationConfig(max_new_tokens=0), "max_new_tokens"),
+    (lambda d: SamplingParams(temperature=-1), "temperature"),
+    (lambda d: SamplingParams(top_p=1.5), "top_p"),
+    (lambda d: SamplingParams(top_k=-2), "top_k"),
+])
+def test_bad_input(decoder, call, match):
+    with pytest.raises(ValueError, match=match):
+        call(decoder)
+
+
+def test_incompatible_vocabularies():
+    tok = char_tokenizer()
+    a = HFModel(tiny_model(VOCAB, seed=1), "a")
+    b = HFModel(tiny_model(VOCAB + 3, seed=2), "b")
+    with pytest.raises(ValueError, match="different vocabularies"):
+        check_compatible(a, tok, b, tok)
+    other = char_tokenizer()
+    other.add_tokens(["<extra>"])  # same logits width, different token -> id map
+    with pytest.raises(ValueError, match="different tokenizers"):
+        check_compatible(a, tok, HFModel(tiny_model(VOCAB, seed=3), "c"), other)
+
+
+def test_missing_model_path():
+    with pytest.raises(ValueError, match="does not exist"):
+        load_model("/nonexistent/model", "target", torch.float32, "cpu")
+    with pytest.raises(ValueError, match="does not exist"):
+        load_model("/nonexistent/model.gguf", "draft", torch.float32, "cpu")
+
+
+def test_saved_directory_round_trip(tmp_path):
+    """A user's transformers directory loads through the same path as the embedded pair."""
+    model = tiny_model(VOCAB, seed=4, dtype=torch.float32)
+    model.save_pretrained(tmp_path)
+    char_tokenizer().save_pretrained(tmp_path)
+    loaded, tok = load_model(tmp_path, "target", torch.float32, "cpu")
+    assert loaded.vocab_size == VOCAB and tok.encode("ab") == char_tokenizer().encode("ab")

@@ -1,0 +1,70 @@
+"""Greedy speculative output is token-identical to plain greedy decoding (float64 tiny models)."""
+
+import pytest
+import torch
+
+from specdecode.core.probs import GREEDY
+from specdecode.drafters.model import ModelDrafter
+from specdecode.engine.config import GenerationConfig
+from specdecode.engine.loop import generate_tokens
+from specdecode.engine.stats import GenerationStats
+from tests.tiny import tiny_pair
+
+NO_EOS = frozenset()
+
+
+def run(target, drafter, prompt, k, max_new=40, eos=NO_EOS, stats=None):
+    config = GenerationConfig(max_new_tokens=max_new, sampling=GREEDY, k=k)
+    return [t for r in generate_tokens(target, drafter, prompt, config, eos, stats) for t in r.tokens]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_pair(vocab=64, seed=1, noise=0.1)
+
+
+@pytest.mark.parametrize("k", range(1, 9))
+def test_greedy_identical_to_baseline(pair, k):
+    target, draft = pair
+    drafter = ModelDrafter(draft)
+    g = torch.Generator().manual_seed(k)
+    accepted = 0
+    for _ in range(6):
+        prompt = torch.randint(1, 64, (int(torch.randint(1, 20, (1,), generator=g)),), generator=g).tolist()
+        baseline = run(target, None, prompt, k)
+        stats = GenerationStats()
+        assert run(target, drafter, prompt, k, stats=stats) == baseline
+        accepted += stats.accepted
+    assert accepted > 0  # the draft agrees sometimes: multi-token rounds were exercised
+
+
+def test_max_new_tokens_exact_even_inside_a_round(pair):
+    target, draft = pair
+    for max_new in [1, 2, 3, 5, 13]:
+        out = run(target, ModelDrafter(draft), [5, 6, 7], k=8, max_new=max_new)
+        assert len(out) == max_new
+        assert out == run(target, None, [5, 6, 7], k=8, max_new=max_new)
+
+
+def test_eos_inside_an_accepted_run_stops_there(pair):
+    target, draft = pair
+    prompt = [3, 9, 27]
+    baseline = run(target, None, prompt, k=4, max_new=30)
+    eos_tok = baseline[6]
+    first = baseline.index(eos_tok)
+    stats = GenerationStats()
+    out = run(target, ModelDrafter(draft), prompt, k=4, max_new=30, eos=frozenset([eos_tok]), stats=stats)
+    assert out == baseline[: first + 1]
+    assert stats.finish_reason == "stop"
+
+
+def test_draft_equal_to_target_accepts_everything(pair):
+    """With q == p every draft is accepted and every round emits K + 1 tokens (the bonus)."""
+    target, _ = pair
+    from specdecode.backends.hf import HFModel
+    clone = HFModel(target.model, "same-weights")
+    stats = GenerationStats()
+    out = run(target, ModelDrafter(clone), [1, 2], k=4, max_new=25, stats=stats)
+    assert out == run(target, None, [1, 2], k=4, max_new=25)
+    assert stats.alpha == 1.0
+    assert [r.emitted for r in stats.rounds] == [5] * 5
