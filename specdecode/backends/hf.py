@@ -45,7 +45,7 @@ class HFModel:
         self.model = model.eval()
         self.name = name
         self.device = next(model.parameters()).device
-        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.vocab_size = int(model.get_output_embeddings().out_features)  # logits width
         self.max_length = int(getattr(model.config, "max_position_embeddings", 0) or 2 ** 31)
         self.cache = DynamicCache(config=model.config)
 

@@ -20,10 +20,18 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", help="draft: directory or .gguf (default: embedded Qwen2.5-Coder-0.5B-Instruct)")
     p.add_argument("--dtype", default="auto", help="auto (= bfloat16), float32, bfloat16, float16, float64")
     p.add_argument("--device", default="auto", help="auto (CUDA if available, else cpu), cpu, cuda, cuda:N")
+    p.add_argument("--drafter", default="auto", choices=["auto", "model", "lookup"],
+                   help="auto: prompt lookup when it finds a match, else the draft model (default); "
+                        "model: draft model only; lookup: prompt lookup only (no draft model loaded)")
+    p.add_argument("--draft-int8", action=argparse.BooleanOptionalAction, default=None,
+                   help="int8 weights for the draft (default: on for CPU; exactness is unaffected)")
+    p.add_argument("--draft-vocab", type=int, default=None,
+                   help="restrict the draft's output head to the N most frequent tokens (0 = full)")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--k", type=int, default=4, help="draft tokens per round (default 4)")
+    p.add_argument("--k", type=int, default=None,
+                   help="draft tokens per round (default: adaptive, from the measured costs and alpha)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (default 1 = off)")
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0 = off)")
@@ -56,13 +64,18 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_generate)
 
 
-def run_generate(args: argparse.Namespace) -> int:
-    from specdecode.engine.decoder import SpeculativeDecoder  # heavy: only when generating
+def load_decoder(args: argparse.Namespace, speculative: bool = True):
+    from specdecode.engine.decoder import SpeculativeDecoder
 
+    return SpeculativeDecoder.load(args.target, args.draft, drafter=args.drafter, dtype=args.dtype,
+                                   device=args.device, draft_int8=args.draft_int8, draft_vocab=args.draft_vocab,
+                                   speculative=speculative, progress=not getattr(args, "json", False))
+
+
+def run_generate(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     speculative = not args.no_spec
-    decoder = SpeculativeDecoder.load(args.target, args.draft, dtype=args.dtype, device=args.device,
-                                      speculative=speculative or args.compare, progress=not args.json)
+    decoder = load_decoder(args, speculative=speculative or args.compare)
     stats = GenerationStats()
     t0 = time.perf_counter()
     pieces: list[str] = []
@@ -123,11 +136,18 @@ def _print_stats(stats: GenerationStats, speculative: bool) -> None:
         rows += [["rounds", stats.num_rounds], ["drafted / accepted", f"{stats.drafted} / {stats.accepted}"],
                  ["accepted/tested per position", per_pos or "-"],
                  ["mean acceptance length (incl. bonus)", stats.mean_acceptance_length],
+                 ["K per round (mean)", f"{stats.mean_k:.2f}"],
+                 ["drafter rounds", _drafter_counts(stats)],
                  ["alpha (per-position estimate)", _opt(stats.alpha)],
                  ["time draft / verify s", f"{stats.t_draft:.2f} / {stats.t_verify:.2f}"],
                  ["c = T_verify / T_draft step", _opt(stats.c)],
                  ["predicted speedup E[N]c/(c+K)", _opt(stats.predicted_speedup)]]
     err_console.print(table("statistics", ["", "value"], rows))
+
+
+def _drafter_counts(stats: GenerationStats) -> str:
+    names = stats.drafter_per_round
+    return " ".join(f"{n}:{names.count(n)}" for n in sorted(set(names)))
 
 
 def _opt(x: float | None) -> str:

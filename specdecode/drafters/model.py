@@ -7,6 +7,11 @@ pass. That one mechanism covers both rollback cases:
   the correction token is fed;
 - all K accepted: the last draft token was sampled but never fed, so it is fed
   now together with the bonus token (the catch-up).
+
+Confidence stop (optional): drafting ends early when the draft's own top
+probability (of its raw, temperature-1 distribution, so it also works for greedy)
+falls below `min_confidence`. It decides only how many tokens to propose, from the
+draft alone, before any verification, so the output law is unchanged.
 """
 
 from __future__ import annotations
@@ -21,8 +26,11 @@ from specdecode.drafters.protocol import Proposal
 
 
 class ModelDrafter:
-    def __init__(self, model: Model) -> None:
+    def __init__(self, model: Model, min_confidence: float = 0.0) -> None:
+        if not 0.0 <= min_confidence < 1.0:
+            raise ValueError(f"min_confidence must be in [0, 1), got {min_confidence}")
         self.model = model
+        self.min_confidence = min_confidence
         self.name = "model"
         self._fed: list[int] = []  # the tokens whose K/V the draft cache holds, in order
 
@@ -41,12 +49,14 @@ class ModelDrafter:
         for i in range(k):
             logits = self.model.forward(feed, n_logits=1)
             self._fed.extend(feed)
+            if self.min_confidence and float(torch.softmax(logits[0].float(), -1).max()) < self.min_confidence:
+                break
             q_i = logits_to_probs(logits[0], params)
             x = int(sample(q_i, generator))
             tokens.append(x)
             rows.append(q_i)
             feed = [x]  # the last draft is not fed this round: the next sync catches it up
-        return Proposal(tokens, torch.stack(rows))
+        return Proposal(tokens, torch.stack(rows) if rows else None)
 
     def observe(self, drafted: int, accepted: int) -> None:
         pass  # rollback happens lazily at the next sync, from the context itself

@@ -11,7 +11,7 @@ from specdecode.core.probs import SamplingParams
 class GenerationConfig:
     max_new_tokens: int = 128
     sampling: SamplingParams = SamplingParams(temperature=0.0)
-    k: int = 4  # drafts per round (plain decoding is a decoder without a drafter, not k = 0)
+    k: int | None = None  # drafts per round; None = adaptive K (plain decoding: speculative=False)
     seed: int = 0
     stop: tuple[str, ...] = ()  # stop strings (text level)
 
@@ -19,7 +19,7 @@ class GenerationConfig:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
                 or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
-        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
+        if self.k is not None and (isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1):
             raise ValueError(f"k must be an integer >= 1 (for plain decoding use --no-spec / "
                              f"speculative=False), got {self.k!r}")
         if not isinstance(self.seed, int):

@@ -10,11 +10,15 @@ from transformers import PreTrainedTokenizerBase
 from specdecode.backends.hf import resolve_device, resolve_dtype
 from specdecode.backends.protocol import Model
 from specdecode.core.probs import SamplingParams
+from specdecode.drafters.lookup import LookupDrafter
 from specdecode.drafters.model import ModelDrafter
 from specdecode.drafters.protocol import Drafter
 from specdecode.engine.config import GenerationConfig
 from specdecode.engine.loop import generate_tokens
+from specdecode.engine.policy import AdaptiveK
 from specdecode.engine.stats import GenerationStats
+
+DRAFTER_CHOICES = ("auto", "model", "lookup")
 
 Prompt = str | Sequence[dict]  # plain text, or chat messages [{"role": ..., "content": ...}]
 
@@ -41,33 +45,49 @@ class Generation:
 
 
 class SpeculativeDecoder:
-    """A target model, an optional drafter and a tokenizer: generate text speculatively.
+    """A target model, drafters tried in order, and a tokenizer: generate text speculatively.
 
     Build it once (loading models is the slow part) and call `generate`/`stream` per request.
+    With GenerationConfig(k=None) the decoder's AdaptiveK chooses K each round and keeps
+    what it has measured (cost curve, alpha, draft speed) across requests.
     """
 
-    def __init__(self, target: Model, tokenizer: PreTrainedTokenizerBase, drafter: Drafter | None = None,
-                 eos_ids: Sequence[int] | None = None) -> None:
-        self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
+    def __init__(self, target: Model, tokenizer: PreTrainedTokenizerBase, drafters: Sequence[Drafter] = (),
+                 eos_ids: Sequence[int] | None = None, policy: AdaptiveK | None = None) -> None:
+        self.target, self.tokenizer, self.drafters = target, tokenizer, list(drafters)
+        self.policy = policy if policy is not None else AdaptiveK()
         if eos_ids is None:
             eos_ids = _eos_ids(tokenizer, getattr(target, "model", None))
         self.eos_ids = frozenset(eos_ids)
 
     @classmethod
-    def load(cls, target: str | None = None, draft: str | None = None, *, dtype: str = "auto",
-             device: str = "auto", speculative: bool = True, progress: bool = True) -> "SpeculativeDecoder":
-        """Load target and draft: None = the embedded pair; else a model directory or a .gguf file."""
+    def load(cls, target: str | None = None, draft: str | None = None, *, drafter: str = "auto",
+             dtype: str = "auto", device: str = "auto", draft_int8: bool | None = None,
+             draft_vocab: int | None = None, speculative: bool = True,
+             progress: bool = True) -> "SpeculativeDecoder":
+        """Load target and draft: None = the embedded pair; else a model directory or a .gguf file.
+
+        drafter: "model" (draft model), "lookup" (prompt lookup, no draft model), or "auto"
+        (lookup when it finds a match, else the draft model).
+        draft_int8 / draft_vocab: make the draft cheaper (exactness is unaffected; see
+        backends/cheap.py). None = the measured default for the device.
+        """
         from specdecode.backends.weights import load_model  # heavy imports only when loading
 
+        if drafter not in DRAFTER_CHOICES:
+            raise ValueError(f"drafter must be one of {', '.join(DRAFTER_CHOICES)}, got {drafter!r}")
         device = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, device)
         target_model, tokenizer = load_model(target, "target", torch_dtype, device, progress=progress)
-        drafter = None
-        if speculative:
+        drafters: list[Drafter] = []
+        if speculative and drafter in ("auto", "lookup"):
+            drafters.append(LookupDrafter())
+        if speculative and drafter in ("auto", "model"):
             draft_model, draft_tokenizer = load_model(draft, "draft", torch_dtype, device, progress=progress)
             check_compatible(target_model, tokenizer, draft_model, draft_tokenizer)
-            drafter = ModelDrafter(draft_model)
-        return cls(target_model, tokenizer, drafter)
+            make_cheaper(draft_model, tokenizer, device, draft_int8, draft_vocab)
+            drafters.append(ModelDrafter(draft_model))
+        return cls(target_model, tokenizer, drafters)
 
     def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
         """Token ids of a prompt. Messages always use the chat template; text does when chat=True."""
@@ -91,8 +111,9 @@ class SpeculativeDecoder:
         """Yield text as rounds are emitted. `stats` (optional) is filled in as it goes."""
         ids = self.encode(prompt, chat)
         stats = stats if stats is not None else GenerationStats()
-        drafter = self.drafter if speculative else None
-        rounds = generate_tokens(self.target, drafter, ids, config, self.eos_ids, stats)
+        drafters = self.drafters if speculative else []
+        policy = self.policy if config.k is None else None  # None: the loop pins FixedK(config.k)
+        rounds = generate_tokens(self.target, drafters, ids, config, self.eos_ids, stats, policy)
         out: list[int] = []
         shown = ""
         for rnd in rounds:
@@ -119,15 +140,39 @@ class SpeculativeDecoder:
         return Generation("".join(c.text for c in chunks), tokens, stats, chunks)
 
 
-def generate(prompt: Prompt, target: str | None = None, draft: str | None = None, *, k: int = 4,
+def generate(prompt: Prompt, target: str | None = None, draft: str | None = None, *, k: int | None = None,
              temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = 128,
              seed: int = 0, stop: Sequence[str] = (), chat: bool | None = None, speculative: bool = True,
              dtype: str = "auto", device: str = "auto") -> Generation:
-    """One call: load the pair (None = embedded) and generate. For many calls, build a SpeculativeDecoder."""
+    """One call: load the pair (None = embedded) and generate; k=None is adaptive K.
+    For many calls, build a SpeculativeDecoder once."""
     config = GenerationConfig(max_new_tokens=max_new_tokens, k=k, seed=seed, stop=tuple(stop),
                               sampling=SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k))
     decoder = SpeculativeDecoder.load(target, draft, dtype=dtype, device=device, speculative=speculative)
     return decoder.generate(prompt, config, chat=chat, speculative=speculative)
+
+
+def make_cheaper(draft: Model, tokenizer: PreTrainedTokenizerBase, device: str, int8: bool | None,
+                 vocab: int | None) -> None:
+    """Apply the cheap-draft transforms in place (defaults chosen from measurements; README)."""
+    import torch
+
+    from specdecode.backends.cheap import frequent_tokens, quantize_int8, restrict_head
+
+    if vocab is None:
+        vocab = DEFAULT_DRAFT_VOCAB if device == "cpu" else 0
+    if int8 is None:
+        int8 = DEFAULT_DRAFT_INT8 and device == "cpu"
+    if vocab and vocab < draft.vocab_size:
+        specials = torch.tensor(sorted(set(tokenizer.all_special_ids)), dtype=torch.long)
+        restrict_head(draft.model, frequent_tokens(draft.vocab_size, vocab, specials))
+    if int8:
+        quantize_int8(draft.model)
+
+
+# Measured on the 2-core CPU with the embedded pair (README, "Cheaper drafts").
+DEFAULT_DRAFT_VOCAB = 32768  # c 2.69 -> 6.52 with int8, alpha 0.860 unchanged (bf16)
+DEFAULT_DRAFT_INT8 = True
 
 
 def check_compatible(target: Model, target_tok: PreTrainedTokenizerBase, draft: Model,

@@ -7,8 +7,10 @@ p_1..p_{K+1} (the logits at `pending` judge x_1, and so on), then:
     verify -> emit x_1..x_n, y -> truncate the target cache to drop x_{n+1}..x_K
     -> y becomes the next `pending` (it has no K/V entry yet: the next round feeds it)
 
-With K = 0 a round is one plain decode step, so plain autoregressive decoding (the
-baseline and the tests' oracle) is this same loop without a drafter.
+Drafters are tried in order (e.g. lookup, then the draft model); the first that
+proposes something drafts this round, with K from the policy. A round with no
+drafts is one plain decode step, so plain autoregressive decoding (the baseline
+and the tests' oracle) is this same loop with no drafters.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ import torch
 from specdecode.backends.protocol import Model
 from specdecode.core.probs import logits_to_probs, sample
 from specdecode.core.verify import Randomness, verify
-from specdecode.drafters.protocol import Drafter
+from specdecode.drafters.protocol import Drafter, Proposal
 from specdecode.engine.config import GenerationConfig
+from specdecode.engine.policy import AdaptiveK, FixedK, KPolicy
 from specdecode.engine.stats import GenerationStats, RoundRecord
 
 # where each emitted token came from
@@ -36,9 +39,14 @@ class Round:
     sources: list[str]  # DRAFT (accepted), CORRECTION (residual sample), BONUS, or TARGET (plain step)
 
 
-def generate_tokens(target: Model, drafter: Drafter | None, prompt: Sequence[int], config: GenerationConfig,
-                    eos_ids: frozenset[int], stats: GenerationStats | None = None) -> Iterator[Round]:
-    """Yield the tokens of each round until EOS or max_new_tokens (never overshot)."""
+def generate_tokens(target: Model, drafters: Sequence[Drafter], prompt: Sequence[int], config: GenerationConfig,
+                    eos_ids: frozenset[int], stats: GenerationStats | None = None,
+                    policy: KPolicy | None = None) -> Iterator[Round]:
+    """Yield the tokens of each round until EOS or max_new_tokens (never overshot).
+
+    policy: how many tokens to draft; default FixedK(config.k), or a fresh AdaptiveK when
+    config.k is None (pass a long-lived AdaptiveK to keep what it learned across requests).
+    """
     prompt = list(prompt)
     if not prompt:
         raise ValueError("the prompt is empty: give at least one token")
@@ -47,16 +55,19 @@ def generate_tokens(target: Model, drafter: Drafter | None, prompt: Sequence[int
                          f"{target.max_length}: shorten the prompt")
     stats = stats if stats is not None else GenerationStats()
     stats.prompt_tokens = len(prompt)
+    if policy is None:
+        policy = FixedK(config.k) if config.k is not None else AdaptiveK()
     params = config.sampling
     generator = torch.Generator().manual_seed(config.seed)
-    k_max = config.k if drafter is not None else 0
 
     t0 = time.perf_counter()
     target.truncate(0)
-    if drafter is not None:
-        drafter.reset()
+    for d in drafters:
+        d.reset()
     if len(prompt) > 1:
         target.forward(prompt[:-1], n_logits=1)
+    if drafters and policy.wants_calibration():
+        policy.calibrate(lambda n: _time_pass(target, prompt[-1], n))
     stats.t_prefill = time.perf_counter() - t0
 
     context = prompt
@@ -66,35 +77,36 @@ def generate_tokens(target: Model, drafter: Drafter | None, prompt: Sequence[int
         room = target.max_length - target.length - 1  # positions left after `pending`
         if room < 0:
             return  # the context is full
-        k = min(k_max, budget - 1, room)
 
         t0 = time.perf_counter()
-        proposal = drafter.propose(context, k, params, generator) if k > 0 else None
-        drafts = proposal.tokens[:k] if proposal else []
+        drafter, drafts, q = _draft(drafters, policy, context, min(budget - 1, room), config, generator)
         t1 = time.perf_counter()
 
-        logits = target.forward([context[-1]] + drafts, n_logits=len(drafts) + 1)
+        size = min(policy.verify_size(len(drafts) + 1), room + 1) if drafts else 1
+        padding = [drafts[-1]] * (size - len(drafts) - 1) if drafts else []  # ignored positions
+        logits = target.forward([context[-1]] + drafts + padding, n_logits=size)[: len(drafts) + 1]
         p = logits_to_probs(logits, params)
         if drafts:
-            q = None if proposal.q is None else proposal.q[: len(drafts)].to(p.dtype)
             rand = Randomness.draw(1, len(drafts), p.shape[-1], generator)
-            result = verify(torch.tensor([drafts]), None if q is None else q[None], p[None], rand)
+            result = verify(torch.tensor([drafts]), None if q is None else q.to(p.dtype)[None], p[None], rand)
             n = int(result.n_accepted[0])
             emitted = result.emitted(0)
             sources = [DRAFT] * n + [BONUS if n == len(drafts) else CORRECTION]
-            target.truncate(target.length - (len(drafts) - n))
+            target.truncate(target.length - (size - 1 - n))  # keep pending + the n accepted drafts
             drafter.observe(len(drafts), n)
         else:
             n, emitted, sources = 0, [int(sample(p[0], generator))], [TARGET]
         t2 = time.perf_counter()
 
+        name = drafter.name if drafts else "none"
+        policy.observe(name, len(drafts), n, t1 - t0, size, t2 - t1)
         for i, tok in enumerate(emitted):  # stop at EOS inside an accepted run
             if tok in eos_ids:
                 emitted, sources = emitted[: i + 1], sources[: i + 1]
                 break
         emitted, sources = emitted[:budget], sources[:budget]
-        stats.add_round(RoundRecord(drafter=drafter.name if drafts else "none", drafted=len(drafts), accepted=n,
-                                    emitted=len(emitted), t_draft=t1 - t0, t_verify=t2 - t1))
+        stats.add_round(RoundRecord(drafter=name, drafted=len(drafts), accepted=n, emitted=len(emitted),
+                                    t_draft=t1 - t0, t_verify=t2 - t1, verified=size))
         context = context + emitted
         produced += len(emitted)
         if emitted[-1] in eos_ids:
@@ -102,3 +114,29 @@ def generate_tokens(target: Model, drafter: Drafter | None, prompt: Sequence[int
         yield Round(emitted, sources)
         if emitted[-1] in eos_ids:
             return
+
+
+def _draft(drafters: Sequence[Drafter], policy: KPolicy, context: list[int], k_cap: int,
+           config: GenerationConfig, generator: torch.Generator) -> tuple[Drafter | None, list[int], torch.Tensor | None]:
+    """Ask the drafters in order; the first non-empty proposal wins."""
+    for drafter in drafters:
+        k = min(policy.choose(drafter.name), k_cap)
+        if k < 1:
+            continue
+        proposal: Proposal = drafter.propose(context, k, config.sampling, generator)
+        if proposal.tokens:
+            drafts = proposal.tokens[:k]
+            return drafter, drafts, None if proposal.q is None else proposal.q[: len(drafts)]
+    return None, [], None
+
+
+def _time_pass(target: Model, token: int, n: int) -> float | None:
+    """Wall time of one target pass over n tokens, leaving the cache as it was (None: no room)."""
+    length = target.length
+    if length + n > target.max_length:
+        return None
+    t0 = time.perf_counter()
+    target.forward([token] * n, n_logits=n)
+    elapsed = time.perf_counter() - t0
+    target.truncate(length)
+    return elapsed

@@ -15,6 +15,7 @@ class RoundRecord:
     emitted: int  # tokens kept (n + 1, fewer if EOS or max_new_tokens cut the round)
     t_draft: float
     t_verify: float
+    verified: int = 0  # tokens in the target pass (drafted + 1, plus any padding)
 
 
 @dataclass
@@ -114,6 +115,14 @@ class GenerationStats:
         k = max(1, round(self.mean_k))
         return speedup(min(self.alpha, 1.0), self.c, k)
 
+    @property
+    def k_per_round(self) -> list[int]:
+        return [r.drafted for r in self.rounds]
+
+    @property
+    def drafter_per_round(self) -> list[str]:
+        return [r.drafter for r in self.rounds]
+
     def summary(self) -> dict:
         return {
             "finish_reason": self.finish_reason, "prompt_tokens": self.prompt_tokens, "new_tokens": self.new_tokens, "rounds": self.num_rounds,
@@ -123,4 +132,5 @@ class GenerationStats:
             "mean_acceptance_length": self.mean_acceptance_length, "alpha": self.alpha, "mean_k": self.mean_k,
             "tokens_per_second": self.tokens_per_second, "t_prefill": self.t_prefill, "t_draft": self.t_draft,
             "t_verify": self.t_verify, "c": self.c, "predicted_speedup": self.predicted_speedup,
+            "k_per_round": self.k_per_round, "drafter_per_round": self.drafter_per_round,
         }

@@ -33,7 +33,7 @@ def gen(capsys, model_dirs, *extra):
 
 
 def test_json_spec_and_baseline_agree(capsys, model_dirs):
-    rc, out = gen(capsys, model_dirs, "--json", "--compare")
+    rc, out = gen(capsys, model_dirs, "--json", "--compare", "--k", "4", "--drafter", "model")
     assert rc == 0
     doc = json.loads(out.out.strip().splitlines()[-1])
     assert doc["speculative"]
@@ -50,6 +50,20 @@ def test_streams_text_and_prints_statistics(capsys, model_dirs):
     assert rc == 0
     assert "alpha" in out.err and "mean acceptance length" in out.err
     assert len(out.out.strip()) > 0
+
+
+def test_adaptive_k_declines_a_draft_as_slow_as_the_target(capsys, model_dirs):
+    """Here the draft has the target's size (c ~ 1): speculation cannot pay, so K = 0 nearly always."""
+    rc, out = gen(capsys, model_dirs, "--json", "--drafter", "model", "--max-new-tokens", "40")
+    doc = json.loads(out.out.strip().splitlines()[-1])
+    ks = doc["stats"]["k_per_round"]
+    assert rc == 0 and ks.count(0) >= len(ks) - 3  # only occasional exploration rounds
+
+
+def test_lookup_drafter_loads_no_draft_model(capsys, model_dirs):
+    rc, out = gen(capsys, model_dirs, "--json", "--drafter", "lookup", "--draft", "/not/needed")
+    doc = json.loads(out.out.strip().splitlines()[-1])
+    assert rc == 0 and set(doc["stats"]["drafter_per_round"]) <= {"lookup", "none"}
 
 
 def test_no_spec(capsys, model_dirs):

@@ -17,7 +17,7 @@ VOCAB = len(SPECIALS) + len(CHARS)
 @pytest.fixture(scope="module")
 def decoder():
     target, draft = tiny_pair(vocab=VOCAB, seed=2, noise=0.1, scale=0.3)
-    return SpeculativeDecoder(target, char_tokenizer(), ModelDrafter(draft), eos_ids=[0])
+    return SpeculativeDecoder(target, char_tokenizer(), [ModelDrafter(draft)], eos_ids=[0])
 
 
 SAMPLED = GenerationConfig(max_new_tokens=30, sampling=SamplingParams(temperature=0.9, top_p=0.95), k=3, seed=5)
@@ -79,6 +79,7 @@ def test_chat_template_is_applied(decoder):
     (lambda d: d.generate([], SAMPLED), "empty list of messages"),
     (lambda d: d.generate("a" * 300, SAMPLED), "context"),
     (lambda d: GenerationConfig(k=0), "k must be an integer >= 1"),
+    (lambda d: SpeculativeDecoder.load(drafter="medusa"), "drafter must be one of"),
     (lambda d: GenerationConfig(max_new_tokens=0), "max_new_tokens"),
     (lambda d: SamplingParams(temperature=-1), "temperature"),
     (lambda d: SamplingParams(top_p=1.5), "top_p"),

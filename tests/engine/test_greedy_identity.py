@@ -4,18 +4,21 @@ import pytest
 import torch
 
 from specdecode.core.probs import GREEDY
+from specdecode.drafters.lookup import LookupDrafter
 from specdecode.drafters.model import ModelDrafter
 from specdecode.engine.config import GenerationConfig
 from specdecode.engine.loop import generate_tokens
+from specdecode.engine.policy import AdaptiveK
 from specdecode.engine.stats import GenerationStats
 from tests.tiny import tiny_pair
 
 NO_EOS = frozenset()
 
 
-def run(target, drafter, prompt, k, max_new=40, eos=NO_EOS, stats=None):
+def run(target, drafter, prompt, k, max_new=40, eos=NO_EOS, stats=None, policy=None):
     config = GenerationConfig(max_new_tokens=max_new, sampling=GREEDY, k=k)
-    return [t for r in generate_tokens(target, drafter, prompt, config, eos, stats) for t in r.tokens]
+    drafters = [] if drafter is None else drafter if isinstance(drafter, list) else [drafter]
+    return [t for r in generate_tokens(target, drafters, prompt, config, eos, stats, policy) for t in r.tokens]
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +71,23 @@ def test_draft_equal_to_target_accepts_everything(pair):
     assert out == run(target, None, [1, 2], k=4, max_new=25)
     assert stats.alpha == 1.0
     assert [r.emitted for r in stats.rounds] == [5] * 5
+
+
+@pytest.mark.parametrize("kind", ["lookup", "auto", "auto-adaptive", "model-adaptive", "model-confident"])
+def test_every_drafter_and_policy_is_greedy_identical(pair, kind):
+    target, draft = pair
+    drafters = {"lookup": [LookupDrafter()], "auto": [LookupDrafter(), ModelDrafter(draft)],
+                "auto-adaptive": [LookupDrafter(), ModelDrafter(draft)], "model-adaptive": [ModelDrafter(draft)],
+                "model-confident": [ModelDrafter(draft, min_confidence=0.5)]}[kind]
+    policy = AdaptiveK(k_max=6) if kind.endswith("adaptive") else None
+    g = torch.Generator().manual_seed(99)
+    proposed = 0
+    for _ in range(5):
+        # repetitive prompts give the lookup drafter something to find
+        motif = torch.randint(1, 64, (4,), generator=g).tolist()
+        prompt = motif * 3 + torch.randint(1, 64, (3,), generator=g).tolist()
+        stats = GenerationStats()
+        out = run(target, drafters, prompt, k=None if policy else 4, stats=stats, policy=policy, max_new=30)
+        assert out == run(target, None, prompt, k=4, max_new=30)
+        proposed += stats.drafted
+    assert proposed > 0

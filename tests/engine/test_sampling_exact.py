@@ -14,15 +14,17 @@ import pytest
 import torch
 
 from specdecode.core.probs import SamplingParams, logits_to_probs, sample
+from specdecode.drafters.lookup import LookupDrafter
 from specdecode.drafters.model import ModelDrafter
 from specdecode.drafters.protocol import Proposal
 from specdecode.engine.config import GenerationConfig
 from specdecode.engine.loop import generate_tokens
+from specdecode.engine.policy import AdaptiveK
 from specdecode.stats import chi_square
 from tests.tiny import tiny_pair
 
 V = 6
-PROMPT = [1, 2, 3]
+PROMPT = [1, 2, 3, 4, 1, 2]  # repeats, so the lookup drafter finds matches
 N = 1500
 
 
@@ -43,11 +45,12 @@ def exact_joint(target, params: SamplingParams) -> dict[tuple[int, int], float]:
     return joint
 
 
-def engine_p_value(target, drafter, params: SamplingParams, k: int) -> float:
+def engine_p_value(target, drafters, params: SamplingParams, k: int | None, policy=None) -> float:
     counts = {key: 0 for key in itertools.product(range(V), repeat=2)}
     for seed in range(N):
         config = GenerationConfig(max_new_tokens=2, sampling=params, k=k, seed=seed)
-        tokens = [t for r in generate_tokens(target, drafter, PROMPT, config, frozenset()) for t in r.tokens]
+        rounds = generate_tokens(target, drafters, PROMPT, config, frozenset(), policy=policy)
+        tokens = [t for r in rounds for t in r.tokens]
         counts[tuple(tokens)] += 1
     joint = exact_joint(target, params)
     keys = sorted(joint)
@@ -61,7 +64,34 @@ SETTINGS = {"t1": SamplingParams(), "t0.7-topk3": SamplingParams(temperature=0.7
 @pytest.mark.parametrize("name", list(SETTINGS))
 def test_engine_matches_exact_joint(pair, name):
     target, draft = pair
-    assert engine_p_value(target, ModelDrafter(draft), SETTINGS[name], k=2) > 1e-3
+    assert engine_p_value(target, [ModelDrafter(draft)], SETTINGS[name], k=2) > 1e-3
+
+
+@pytest.mark.parametrize("name", ["t1", "topp0.8"])
+def test_lookup_drafter_is_exact(pair, name):
+    target, _ = pair
+    assert engine_p_value(target, [LookupDrafter()], SETTINGS[name], k=3) > 1e-3
+
+
+def test_auto_drafting_with_adaptive_k_is_exact(pair):
+    """lookup then model, K chosen per round by AdaptiveK (shared across the N runs, so K varies)."""
+    target, draft = pair
+    policy = AdaptiveK(k_max=4)
+    p_value = engine_p_value(target, [LookupDrafter(), ModelDrafter(draft)], SETTINGS["t0.7-topk3"], k=None,
+                             policy=policy)
+    assert p_value > 1e-3
+    assert policy.drafters  # the policy did see rounds
+
+
+def test_restricted_head_draft_is_exact(pair):
+    """A draft that can never propose tokens 3..5 (q = 0 there): the residual must cover them."""
+    import copy
+
+    from specdecode.backends.cheap import restrict_head
+    from specdecode.backends.hf import HFModel
+    target, draft = pair
+    small = HFModel(restrict_head(copy.deepcopy(draft.model), torch.tensor([0, 1, 2])), "restricted")
+    assert engine_p_value(target, [ModelDrafter(small)], SETTINGS["t1"], k=2) > 1e-3
 
 
 class RawQDrafter(ModelDrafter):
@@ -81,9 +111,9 @@ class RawQDrafter(ModelDrafter):
 
 def test_negative_control_raw_q_is_caught(pair):
     target, draft = pair
-    assert engine_p_value(target, RawQDrafter(draft), SETTINGS["t0.7-topk3"], k=2) < 1e-3
+    assert engine_p_value(target, [RawQDrafter(draft)], SETTINGS["t0.7-topk3"], k=2) < 1e-3
 
 
 def test_baseline_matches_exact_joint(pair):
     target, _ = pair
-    assert engine_p_value(target, None, SETTINGS["t0.7-topk3"], k=2) > 1e-3
+    assert engine_p_value(target, [], SETTINGS["t0.7-topk3"], k=2) > 1e-3

@@ -1,0 +1,94 @@
+"""Prompt-lookup (n-gram) drafting: copy what followed the last time the context's tail appeared.
+
+No model and no training: the drafter matches the longest suffix of the context
+(between min_n and max_n tokens) against earlier text and proposes the tokens that
+followed its most recent earlier occurrence. Code editing, quoting and repetitive
+output make this cheap guess right surprisingly often.
+
+It is a deterministic drafter: its q is one-hot (`Proposal.q = None`), verified by
+the same rule as everything else, so it is exact for greedy and sampling alike.
+
+`NgramIndex` is updated incrementally as the context grows (each new token adds
+max_n - min_n + 1 entries), so a round costs O(max_n), not a scan of the context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from specdecode.core.probs import SamplingParams
+from specdecode.drafters.protocol import Proposal
+
+
+@dataclass(frozen=True, slots=True)
+class LookupConfig:
+    min_n: int = 2  # shortest suffix worth matching
+    max_n: int = 4  # longest suffix tried (longest match wins)
+    max_proposal: int = 10  # never propose more than this many tokens
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_n <= self.max_n:
+            raise ValueError(f"need 1 <= min_n <= max_n, got min_n={self.min_n}, max_n={self.max_n}")
+        if self.max_proposal < 1:
+            raise ValueError(f"max_proposal must be >= 1, got {self.max_proposal}")
+
+
+class NgramIndex:
+    """For every n-gram that has a following token: where its most recent occurrence ends."""
+
+    def __init__(self, config: LookupConfig) -> None:
+        self.config = config
+        self.tokens: list[int] = []
+        self._last_end: dict[tuple[int, ...], int] = {}
+        self._indexed = 0  # n-grams ending before this position are in the index
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        self.tokens.extend(tokens)
+        # an n-gram ending at position e is usable once token e+1 exists
+        for end in range(self._indexed, len(self.tokens) - 1):
+            for n in range(self.config.min_n, self.config.max_n + 1):
+                if end + 1 >= n:
+                    self._last_end[tuple(self.tokens[end + 1 - n: end + 1])] = end
+        self._indexed = max(self._indexed, len(self.tokens) - 1)
+
+    def propose(self, k: int) -> list[int]:
+        """Up to k tokens that followed the longest earlier match of the current suffix."""
+        k = min(k, self.config.max_proposal)
+        L = len(self.tokens)
+        for n in range(min(self.config.max_n, L), self.config.min_n - 1, -1):
+            end = self._last_end.get(tuple(self.tokens[L - n:]))
+            if end is not None:
+                return self.tokens[end + 1: min(end + 1 + k, L)]
+        return []
+
+
+def lookup(context: Sequence[int], k: int, config: LookupConfig = LookupConfig()) -> list[int]:
+    """The pure function: what `NgramIndex` proposes for this context (built from scratch)."""
+    index = NgramIndex(config)
+    index.extend(context)
+    return index.propose(k)
+
+
+class LookupDrafter:
+    """Drafter adapter around an NgramIndex kept in step with the growing context."""
+
+    def __init__(self, config: LookupConfig = LookupConfig()) -> None:
+        self.config = config
+        self.name = "lookup"
+        self.index = NgramIndex(config)
+
+    def reset(self) -> None:
+        self.index = NgramIndex(self.config)
+
+    def propose(self, context: Sequence[int], k: int, params: SamplingParams,
+                generator: torch.Generator) -> Proposal:
+        if len(context) < len(self.index.tokens):  # not an extension: a new request without reset()
+            self.reset()
+        self.index.extend(context[len(self.index.tokens):])
+        return Proposal(self.index.propose(k) if k > 0 else [], None)
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        pass

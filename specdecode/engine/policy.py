@@ -1,0 +1,156 @@
+"""How many tokens to draft each round: fixed K, or adaptive K from the measured cost model.
+
+Adaptive K maximises expected emitted tokens per second,
+
+    K* = argmax_K  E[N](alpha, K) / (T_verify(K+1) + K * T_draft),     K = 0 allowed,
+
+the documents' optimal-K formula generalised to the measured verification-cost
+curve (`core.theory.CostModel`). It keeps running estimates of:
+- alpha per drafter, from per-position accepted/tested counts with a Beta-like
+  prior (so early rounds behave) and exponential forgetting (so it tracks the text);
+- the draft step time per drafter (EMA);
+- T_verify(n), the target pass over n tokens, calibrated once and then tracked (EMA).
+Because T_verify is not monotone on every machine (fp32 on CPU: 3 tokens can cost
+more than 4), a pass of n tokens may be padded to the cheaper size m > n; the
+padding positions are ignored (`verify_size`).
+
+K only decides how much work to speculate; it never changes the output law.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from specdecode.core.theory import CostModel
+
+
+class KPolicy(Protocol):
+    def choose(self, drafter: str) -> int:
+        """K for the next round if `drafter` proposes (0 = do not speculate with it)."""
+
+    def verify_size(self, n: int) -> int:
+        """How many tokens to run in a verification pass that needs n (>= n; extras are padding)."""
+
+    def observe(self, drafter: str, drafted: int, accepted: int, t_draft: float, n_verified: int,
+                t_verify: float) -> None:
+        """Learn from one round."""
+
+    def wants_calibration(self) -> bool:
+        """True until the target's cost curve has been measured."""
+
+    def calibrate(self, time_pass: Callable[[int], float | None]) -> None:
+        """Measure the target's pass time for the sizes the policy may use (None: size does not fit)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FixedK:
+    """Always K drafts (the user pinned it with --k)."""
+
+    k: int
+
+    def choose(self, drafter: str) -> int:
+        return self.k
+
+    def verify_size(self, n: int) -> int:
+        return n
+
+    def observe(self, drafter: str, drafted: int, accepted: int, t_draft: float, n_verified: int,
+                t_verify: float) -> None:
+        pass
+
+    def wants_calibration(self) -> bool:
+        return False
+
+    def calibrate(self, time_pass: Callable[[int], float | None]) -> None:
+        pass
+
+
+@dataclass
+class _DrafterState:
+    accepted: float = 0.0
+    tested: float = 0.0
+    t_step: float | None = None
+    rounds_since_tried: int = 0
+
+
+@dataclass
+class AdaptiveK:
+    """Per-round K from running estimates of alpha, draft cost and the verification-cost curve."""
+
+    k_max: int = 8
+    prior_alpha: float = 0.6  # before evidence: a middling draft
+    prior_weight: float = 4.0  # worth this many tested positions
+    forget: float = 0.98  # per-round decay of old acceptance evidence
+    ema: float = 0.2  # weight of a new timing observation
+    explore_every: int = 16  # try K=1 after this many rounds without drafting, to keep measuring
+    pad_gain: float = 0.95  # pad only when the bigger pass is at least 5% cheaper
+    prior_c: float = 3.0  # assumed T_target / T_draft before a drafter's first round
+    t_verify: dict[int, float] = field(default_factory=dict)
+    drafters: dict[str, _DrafterState] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.k_max < 1:
+            raise ValueError(f"k_max must be >= 1, got {self.k_max}")
+
+    # --- estimates -----------------------------------------------------------------------
+    def alpha(self, drafter: str) -> float:
+        s = self._state(drafter)
+        return (s.accepted + self.prior_alpha * self.prior_weight) / (s.tested + self.prior_weight)
+
+    def cost_model(self, drafter: str) -> CostModel:
+        curve = self._effective_curve()
+        t_step = self._state(drafter).t_step
+        if t_step is None:
+            t_step = curve[0] / self.prior_c
+        return CostModel.measured(t_draft=t_step, t_verify=curve)
+
+    def _effective_curve(self) -> list[float]:
+        """T(n) for n = 1..k_max+1, each at the (possibly padded) size `verify_size` picks."""
+        return [self._t(self.verify_size(n)) for n in range(1, self.k_max + 2)]
+
+    def _t(self, n: int) -> float:
+        return self.t_verify.get(n, 1.0)  # flat (the documents' model) until measured
+
+    # --- KPolicy -------------------------------------------------------------------------
+    def choose(self, drafter: str) -> int:
+        s = self._state(drafter)
+        k = self.cost_model(drafter).optimal_k(self.alpha(drafter), self.k_max)
+        if k == 0 and s.rounds_since_tried >= self.explore_every:
+            return 1
+        return k
+
+    def verify_size(self, n: int) -> int:
+        best = n
+        for m in range(n + 1, self.k_max + 2):
+            if m in self.t_verify and best in self.t_verify and self._t(m) < self.pad_gain * self._t(best):
+                best = m
+        return best
+
+    def observe(self, drafter: str, drafted: int, accepted: int, t_draft: float, n_verified: int,
+                t_verify: float) -> None:
+        self._track(self.t_verify, n_verified, t_verify)
+        for name, s in self.drafters.items():
+            s.rounds_since_tried = 0 if name == drafter else s.rounds_since_tried + 1
+        if drafted == 0:
+            return
+        s = self._state(drafter)
+        s.accepted = self.forget * s.accepted + accepted
+        s.tested = self.forget * s.tested + min(accepted + 1, drafted)
+        step = t_draft / drafted
+        s.t_step = step if s.t_step is None else (1 - self.ema) * s.t_step + self.ema * step
+
+    def wants_calibration(self) -> bool:
+        return not self.t_verify
+
+    def calibrate(self, time_pass: Callable[[int], float | None]) -> None:
+        for n in range(1, self.k_max + 2):
+            times = [t for t in (time_pass(n), time_pass(n)) if t is not None]
+            if times:
+                self.t_verify[n] = min(times)
+
+    def _track(self, table: dict[int, float], n: int, t: float) -> None:
+        table[n] = t if n not in table else (1 - self.ema) * table[n] + self.ema * t
+
+    def _state(self, drafter: str) -> _DrafterState:
+        return self.drafters.setdefault(drafter, _DrafterState())

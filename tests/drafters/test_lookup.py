@@ -1,0 +1,74 @@
+"""Prompt-lookup drafter: table tests, limits, and the incremental index == the pure function."""
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from specdecode.core.probs import GREEDY
+from specdecode.drafters.lookup import LookupConfig, LookupDrafter, NgramIndex, lookup
+
+CFG = LookupConfig(min_n=2, max_n=3, max_proposal=5)
+
+
+@pytest.mark.parametrize("context, k, expected", [
+    ([1, 2, 3, 4, 5], 4, []),  # no match
+    ([1, 2, 3, 4, 1, 2], 4, [3, 4, 1, 2]),  # match, proposal truncated at the context end
+    ([1, 2, 3, 9, 9, 1, 2], 2, [3, 9]),  # k limits the proposal
+    ([7, 1, 2, 5, 8, 1, 2, 6, 3, 1, 2], 3, [6, 3, 1]),  # most recent occurrence of the 2-gram
+    ([4, 1, 2, 5, 9, 1, 2, 6, 4, 1, 2], 3, [5, 9, 1]),  # longest match (3-gram 4 1 2) wins over recency
+    ([5, 5, 5, 5], 4, [5]),  # overlapping matches: 3-gram ending at index 2, one token follows
+    ([1, 2], 4, []),  # the suffix itself is not a match
+    ([3, 1, 2, 3, 1, 2, 3], 9, [1, 2, 3]),  # repetition; max_proposal 5 but context ends first
+])
+def test_table(context, k, expected):
+    assert lookup(context, k, CFG) == expected
+
+
+def test_never_beyond_max_proposal():
+    context = list(range(20)) + list(range(3))
+    assert lookup(context, 50, CFG) == [3, 4, 5, 6, 7]
+    assert len(lookup(context, 50, LookupConfig(max_proposal=2))) == 2
+
+
+def test_bad_config():
+    with pytest.raises(ValueError, match="min_n"):
+        LookupConfig(min_n=3, max_n=2)
+    with pytest.raises(ValueError, match="max_proposal"):
+        LookupConfig(max_proposal=0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 4), min_size=1, max_size=40), st.lists(st.integers(1, 6), min_size=1, max_size=8))
+def test_incremental_index_equals_pure_function(tokens, steps):
+    """Growing the index piece by piece proposes exactly what a fresh scan proposes."""
+    index = NgramIndex(CFG)
+    pos = 0
+    for step in steps:
+        index.extend(tokens[pos: pos + step])
+        pos = min(len(tokens), pos + step)
+        assert index.propose(4) == lookup(tokens[:pos], 4, CFG)
+
+
+def test_brute_force_agrees():
+    """`lookup` against a direct definition: longest n in [min_n, max_n], latest earlier end."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        ctx = torch.randint(0, 3, (int(torch.randint(1, 30, (1,), generator=g)),), generator=g).tolist()
+        expected = []
+        for n in range(CFG.max_n, CFG.min_n - 1, -1):
+            if len(ctx) < n:
+                continue
+            ends = [e for e in range(n - 1, len(ctx) - 1) if ctx[e + 1 - n: e + 1] == ctx[len(ctx) - n:]]
+            if ends:
+                expected = ctx[ends[-1] + 1: ends[-1] + 1 + 4]
+                break
+        assert lookup(ctx, 4, CFG) == expected, ctx
+
+
+def test_drafter_adapter_is_deterministic_and_resets():
+    d = LookupDrafter(CFG)
+    g = torch.Generator()
+    p = d.propose([1, 2, 3, 1, 2], 3, GREEDY, g)
+    assert p.tokens == [3, 1, 2] and p.q is None
+    assert d.propose([1, 2, 3, 1, 2, 3], 3, GREEDY, g).tokens == [1, 2, 3]
+    assert d.propose([9, 9], 3, GREEDY, g).tokens == []  # shorter context: a new request

@@ -1,0 +1,87 @@
+"""K policies: adaptive K converges to the closed-form optimum on a simulated model."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from specdecode.core.theory import CostModel, optimal_k
+from specdecode.engine.policy import AdaptiveK, FixedK
+
+
+def simulate(policy: AdaptiveK, alpha: float, t_step: float, curve, rounds: int, seed: int = 0) -> list[int]:
+    """Drive the policy with rounds whose acceptance is geometric(alpha) and costs are known."""
+    rng = random.Random(seed)  # an explicit instance: no global RNG
+    policy.calibrate(lambda n: curve(n))
+    chosen = []
+    for _ in range(rounds):
+        k = policy.choose("sim")
+        n = 0
+        while n < k and rng.random() < alpha:
+            n += 1
+        size = policy.verify_size(k + 1) if k else 1
+        policy.observe("sim" if k else "none", k, n, k * t_step, size, curve(size))
+        chosen.append(k)
+    return chosen
+
+
+@pytest.mark.parametrize("alpha, c", [(0.9, 10.0), (0.8, 5.0), (0.6, 3.0), (0.7, 8.0), (0.95, 4.0)])
+def test_converges_to_closed_form_optimum_flat_cost(alpha, c):
+    policy = AdaptiveK(k_max=8, forget=0.995)
+    chosen = simulate(policy, alpha, t_step=1 / c, curve=lambda n: 1.0, rounds=3000)
+    best = optimal_k(alpha, c, k_max=8)
+    tail = chosen[-500:]
+    assert max(set(tail), key=tail.count) == best
+    # the estimate itself is close to the truth
+    assert policy.alpha("sim") == pytest.approx(alpha, abs=0.05)
+
+
+def test_near_tie_chooses_a_k_within_one_percent():
+    """alpha 0.9, c 2.5: K=4 and K=5 differ by 0.8%; either is fine, nothing worse is."""
+    from specdecode.core.theory import speedup
+    policy = AdaptiveK(k_max=8, forget=0.995)
+    chosen = simulate(policy, 0.9, t_step=1 / 2.5, curve=lambda n: 1.0, rounds=3000)
+    best = speedup(0.9, 2.5, optimal_k(0.9, 2.5, 8))
+    assert all(speedup(0.9, 2.5, k) >= 0.99 * best for k in chosen[-500:])
+
+
+def test_converges_with_a_growing_cost_curve():
+    curve = lambda n: 1.0 + 0.3 * (n - 1)  # verification grows with K
+    policy = AdaptiveK(k_max=8, forget=0.995)
+    chosen = simulate(policy, 0.85, t_step=0.1, curve=curve, rounds=3000)
+    model = CostModel.measured(0.1, [curve(n) for n in range(1, 10)])
+    best = model.optimal_k(0.85)
+    tail = chosen[-500:]
+    assert max(set(tail), key=tail.count) == best
+    assert best < optimal_k(0.85, 10.0, 8)  # the curve matters: a flat model would draft more
+
+
+def test_does_not_speculate_when_it_cannot_pay():
+    """alpha 0.1 with a slow draft: K = 0 except for occasional exploration rounds."""
+    policy = AdaptiveK(k_max=8, explore_every=16)
+    chosen = simulate(policy, 0.1, t_step=0.5, curve=lambda n: 1.0, rounds=400)
+    tail = chosen[-200:]
+    assert tail.count(0) >= 180 and set(tail) <= {0, 1}
+
+
+def test_pads_to_a_cheaper_shape():
+    times = {1: 1.0, 2: 1.0, 3: 1.5, 4: 1.1, 5: 1.2}
+    policy = AdaptiveK(k_max=4)
+    policy.calibrate(lambda n: times[n])
+    assert policy.verify_size(3) == 4  # 3 tokens cost more than 4: pad
+    assert policy.verify_size(2) == 2 and policy.verify_size(4) == 4
+    assert policy.cost_model("x").t_verify[2] == 1.1  # the effective curve uses the padded size
+
+
+def test_prior_keeps_early_rounds_sane():
+    policy = AdaptiveK(k_max=8)
+    policy.calibrate(lambda n: 1.0)
+    assert policy.alpha("new") == pytest.approx(0.6)
+    assert 1 <= policy.choose("new") <= 8
+
+
+def test_fixed_k_and_validation():
+    assert FixedK(3).choose("anything") == 3 and FixedK(3).verify_size(4) == 4
+    with pytest.raises(ValueError, match="k_max"):
+        AdaptiveK(k_max=0)
