@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from specdecode import __version__
-from specdecode.cli import generate, theory
+from specdecode.cli import audit, bench, generate, theory
 from specdecode.cli.output import err_console
 
 
@@ -15,12 +15,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"specdecode {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     generate.add_parsers(sub)
+    bench.add_parsers(sub)
+    audit.add_parsers(sub)
     theory.add_parsers(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv  # recorded in reports (e.g. the benchmark's command line)
     try:
         return args.func(args)
     except ValueError as exc:

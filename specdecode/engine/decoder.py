@@ -109,11 +109,8 @@ class SpeculativeDecoder:
     def stream(self, prompt: Prompt, config: GenerationConfig = GenerationConfig(), *, chat: bool | None = None,
                speculative: bool = True, stats: GenerationStats | None = None) -> Iterator[Chunk]:
         """Yield text as rounds are emitted. `stats` (optional) is filled in as it goes."""
-        ids = self.encode(prompt, chat)
         stats = stats if stats is not None else GenerationStats()
-        drafters = self.drafters if speculative else []
-        policy = self.policy if config.k is None else None  # None: the loop pins FixedK(config.k)
-        rounds = generate_tokens(self.target, drafters, ids, config, self.eos_ids, stats, policy)
+        rounds = self._rounds(self.encode(prompt, chat), config, stats, speculative)
         out: list[int] = []
         shown = ""
         for rnd in rounds:
@@ -131,6 +128,17 @@ class SpeculativeDecoder:
         tail = self.tokenizer.decode(out, skip_special_tokens=True)[len(shown):]
         if tail:
             yield Chunk(tail, [], [])
+
+    def generate_ids(self, ids: Sequence[int], config: GenerationConfig = GenerationConfig(), *,
+                     stats: GenerationStats | None = None, speculative: bool = True) -> list[int]:
+        """Token ids in, generated token ids out (no text processing, no stop strings)."""
+        stats = stats if stats is not None else GenerationStats()
+        return [t for rnd in self._rounds(list(ids), config, stats, speculative) for t in rnd.tokens]
+
+    def _rounds(self, ids: list[int], config: GenerationConfig, stats: GenerationStats, speculative: bool):
+        drafters = self.drafters if speculative else []
+        policy = self.policy if config.k is None else None  # None: the loop pins FixedK(config.k)
+        return generate_tokens(self.target, drafters, ids, config, self.eos_ids, stats, policy)
 
     def generate(self, prompt: Prompt, config: GenerationConfig = GenerationConfig(), *,
                  chat: bool | None = None, speculative: bool = True) -> Generation:

@@ -17,17 +17,19 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
 from specdecode.backends.protocol import Model
-from specdecode.core.probs import logits_to_probs, sample
-from specdecode.core.verify import Randomness, verify
+from specdecode.core.probs import SamplingParams, logits_to_probs, sample
+from specdecode.core.verify import Randomness, VerifyResult, verify
 from specdecode.drafters.protocol import Drafter, Proposal
 from specdecode.engine.config import GenerationConfig
 from specdecode.engine.policy import AdaptiveK, FixedK, KPolicy
 from specdecode.engine.stats import GenerationStats, RoundRecord
+
+VerifyRule = Callable[..., VerifyResult]  # verify's signature: (draft_tokens, q, p, rand) -> VerifyResult
 
 # where each emitted token came from
 DRAFT, CORRECTION, BONUS, TARGET = "draft", "correction", "bonus", "target"
@@ -41,11 +43,12 @@ class Round:
 
 def generate_tokens(target: Model, drafters: Sequence[Drafter], prompt: Sequence[int], config: GenerationConfig,
                     eos_ids: frozenset[int], stats: GenerationStats | None = None,
-                    policy: KPolicy | None = None) -> Iterator[Round]:
+                    policy: KPolicy | None = None, rule: VerifyRule = verify) -> Iterator[Round]:
     """Yield the tokens of each round until EOS or max_new_tokens (never overshot).
 
     policy: how many tokens to draft; default FixedK(config.k), or a fresh AdaptiveK when
     config.k is None (pass a long-lived AdaptiveK to keep what it learned across requests).
+    rule: the verification rule; only the audit's negative controls pass another.
     """
     prompt = list(prompt)
     if not prompt:
@@ -74,39 +77,19 @@ def generate_tokens(target: Model, drafters: Sequence[Drafter], prompt: Sequence
     produced = 0
     while produced < config.max_new_tokens:
         budget = config.max_new_tokens - produced
-        room = target.max_length - target.length - 1  # positions left after `pending`
-        if room < 0:
+        if target.length + 1 > target.max_length:
             return  # the context is full
-
-        t0 = time.perf_counter()
-        drafter, drafts, q = _draft(drafters, policy, context, min(budget - 1, room), config, generator)
-        t1 = time.perf_counter()
-
-        size = min(policy.verify_size(len(drafts) + 1), room + 1) if drafts else 1
-        padding = [drafts[-1]] * (size - len(drafts) - 1) if drafts else []  # ignored positions
-        logits = target.forward([context[-1]] + drafts + padding, n_logits=size)[: len(drafts) + 1]
-        p = logits_to_probs(logits, params)
-        if drafts:
-            rand = Randomness.draw(1, len(drafts), p.shape[-1], generator)
-            result = verify(torch.tensor([drafts]), None if q is None else q.to(p.dtype)[None], p[None], rand)
-            n = int(result.n_accepted[0])
-            emitted = result.emitted(0)
-            sources = [DRAFT] * n + [BONUS if n == len(drafts) else CORRECTION]
-            target.truncate(target.length - (size - 1 - n))  # keep pending + the n accepted drafts
-            drafter.observe(len(drafts), n)
-        else:
-            n, emitted, sources = 0, [int(sample(p[0], generator))], [TARGET]
-        t2 = time.perf_counter()
-
-        name = drafter.name if drafts else "none"
-        policy.observe(name, len(drafts), n, t1 - t0, size, t2 - t1)
+        out = speculative_round(target, drafters, policy, context, budget - 1, params, generator, rule)
+        policy.observe(out.drafter, out.drafted, out.accepted, out.t_draft, out.verified, out.t_verify)
+        emitted, sources = out.tokens, out.sources
         for i, tok in enumerate(emitted):  # stop at EOS inside an accepted run
             if tok in eos_ids:
                 emitted, sources = emitted[: i + 1], sources[: i + 1]
                 break
         emitted, sources = emitted[:budget], sources[:budget]
-        stats.add_round(RoundRecord(drafter=name, drafted=len(drafts), accepted=n, emitted=len(emitted),
-                                    t_draft=t1 - t0, t_verify=t2 - t1, verified=size))
+        stats.add_round(RoundRecord(drafter=out.drafter, drafted=out.drafted, accepted=out.accepted,
+                                    emitted=len(emitted), t_draft=out.t_draft, t_verify=out.t_verify,
+                                    verified=out.verified))
         context = context + emitted
         produced += len(emitted)
         if emitted[-1] in eos_ids:
@@ -116,14 +99,58 @@ def generate_tokens(target: Model, drafters: Sequence[Drafter], prompt: Sequence
             return
 
 
+@dataclass(frozen=True, slots=True)
+class RoundOutcome:
+    tokens: list[int]  # x_1..x_n, y
+    sources: list[str]
+    drafter: str  # who proposed ("none": a plain step)
+    drafted: int
+    accepted: int
+    verified: int  # tokens in the target pass (padding included)
+    t_draft: float
+    t_verify: float
+
+
+def speculative_round(target: Model, drafters: Sequence[Drafter], policy: KPolicy, context: list[int],
+                      k_cap: int, params: SamplingParams, generator: torch.Generator,
+                      rule: VerifyRule = verify) -> RoundOutcome:
+    """One round. The target cache must hold context[:-1]; afterwards it holds (context + tokens)[:-1].
+
+    k_cap bounds K (e.g. by the remaining token budget). `rule` is the verification rule
+    (the audit swaps in broken ones to show it would catch them).
+    """
+    room = target.max_length - target.length - 1  # positions left after `pending`
+    t0 = time.perf_counter()
+    drafter, drafts, q = _draft(drafters, policy, context, min(k_cap, room), params, generator)
+    t1 = time.perf_counter()
+
+    size = min(policy.verify_size(len(drafts) + 1), room + 1) if drafts else 1
+    padding = [drafts[-1]] * (size - len(drafts) - 1) if drafts else []  # ignored positions
+    logits = target.forward([context[-1]] + drafts + padding, n_logits=size)[: len(drafts) + 1]
+    p = logits_to_probs(logits, params)
+    if drafts:
+        rand = Randomness.draw(1, len(drafts), p.shape[-1], generator)
+        result = rule(torch.tensor([drafts]), None if q is None else q.to(p.dtype)[None], p[None], rand)
+        n = int(result.n_accepted[0])
+        emitted = result.emitted(0)
+        sources = [DRAFT] * n + [BONUS if n == len(drafts) else CORRECTION]
+        target.truncate(target.length - (size - 1 - n))  # keep pending + the n accepted drafts
+        drafter.observe(len(drafts), n)
+    else:
+        n, emitted, sources = 0, [int(sample(p[0], generator))], [TARGET]
+    t2 = time.perf_counter()
+    return RoundOutcome(emitted, sources, drafter.name if drafts else "none", len(drafts), n, size,
+                        t1 - t0, t2 - t1)
+
+
 def _draft(drafters: Sequence[Drafter], policy: KPolicy, context: list[int], k_cap: int,
-           config: GenerationConfig, generator: torch.Generator) -> tuple[Drafter | None, list[int], torch.Tensor | None]:
+           params: SamplingParams, generator: torch.Generator) -> tuple[Drafter | None, list[int], torch.Tensor | None]:
     """Ask the drafters in order; the first non-empty proposal wins."""
     for drafter in drafters:
         k = min(policy.choose(drafter.name), k_cap)
         if k < 1:
             continue
-        proposal: Proposal = drafter.propose(context, k, config.sampling, generator)
+        proposal: Proposal = drafter.propose(context, k, params, generator)
         if proposal.tokens:
             drafts = proposal.tokens[:k]
             return drafter, drafts, None if proposal.q is None else proposal.q[: len(drafts)]

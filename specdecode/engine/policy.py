@@ -116,7 +116,8 @@ class AdaptiveK:
     def choose(self, drafter: str) -> int:
         s = self._state(drafter)
         k = self.cost_model(drafter).optimal_k(self.alpha(drafter), self.k_max)
-        if k == 0 and s.rounds_since_tried >= self.explore_every:
+        untried = s.t_step is None  # its cost is a guess: measure it once before trusting the prior
+        if k == 0 and (untried or s.rounds_since_tried >= self.explore_every):
             return 1
         return k
 
@@ -145,6 +146,7 @@ class AdaptiveK:
 
     def calibrate(self, time_pass: Callable[[int], float | None]) -> None:
         for n in range(1, self.k_max + 2):
+            time_pass(n)  # warm-up: the first pass of a new shape is slower
             times = [t for t in (time_pass(n), time_pass(n)) if t is not None]
             if times:
                 self.t_verify[n] = min(times)

@@ -8,6 +8,7 @@ import pytest
 
 from specdecode.backends.weights import DRAFT, TARGET, part_paths
 from specdecode.core.probs import GREEDY
+from specdecode.drafters.lookup import LookupDrafter
 from specdecode.engine.config import GenerationConfig
 from specdecode.engine.decoder import SpeculativeDecoder
 
@@ -29,15 +30,35 @@ def test_parts_are_installed_and_sized():
 
 @pytest.fixture(scope="module")
 def decoder():
+    """fp32, with the CPU-default cheap draft (int8 weights, 32k-token head) and lookup."""
     return SpeculativeDecoder.load(dtype="float32", device="cpu", progress=False)
 
 
+@pytest.fixture(scope="module")
+def plain(decoder):
+    config = GenerationConfig(max_new_tokens=64, sampling=GREEDY, k=1)
+    return {p: decoder.generate(p, config, chat=True, speculative=False) for p in PROMPTS}
+
+
 @pytest.mark.parametrize("prompt", PROMPTS)
-def test_greedy_fp32_identical_to_plain(decoder, prompt):
-    config = GenerationConfig(max_new_tokens=64, sampling=GREEDY, k=4)
-    spec = decoder.generate(prompt, config, chat=True)
-    plain = decoder.generate(prompt, config, chat=True, speculative=False)
-    assert spec.tokens == plain.tokens
+def test_greedy_fp32_identical_to_plain_model_drafter(decoder, plain, prompt):
+    model_only = SpeculativeDecoder(decoder.target, decoder.tokenizer, decoder.drafters[-1:])
+    spec = model_only.generate(prompt, GenerationConfig(max_new_tokens=64, sampling=GREEDY, k=4), chat=True)
+    assert spec.tokens == plain[prompt].tokens
     assert len(spec.tokens) == 64 or spec.finish_reason == "stop"
     assert spec.stats.accepted > 0 and spec.stats.alpha > 0.5  # the pair agrees: speculation is exercised
-    assert spec.stats.num_rounds < plain.stats.num_rounds
+    assert spec.stats.num_rounds < plain[prompt].stats.num_rounds
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_fp32_identical_auto_adaptive(decoder, plain, prompt):
+    spec = decoder.generate(prompt, GenerationConfig(max_new_tokens=64, sampling=GREEDY, k=None), chat=True)
+    assert spec.tokens == plain[prompt].tokens
+    assert spec.stats.drafted > 0
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_fp32_identical_lookup(decoder, plain, prompt):
+    lookup = SpeculativeDecoder(decoder.target, decoder.tokenizer, [LookupDrafter()])
+    spec = lookup.generate(prompt, GenerationConfig(max_new_tokens=64, sampling=GREEDY, k=6), chat=True)
+    assert spec.tokens == plain[prompt].tokens

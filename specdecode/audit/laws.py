@@ -1,0 +1,88 @@
+"""Exact laws from the target, and samples from the engine, both from one prefix.
+
+The prefix is prefilled once; every sample restores the target cache to it
+(truncate) and runs real engine rounds (`speculative_round`), so thousands of
+samples cost only their own rounds. The draft model's cache follows by itself:
+it keeps the longest common prefix with each new context.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+from specdecode.backends.protocol import Model
+from specdecode.core.probs import SamplingParams, logits_to_probs
+from specdecode.core.verify import verify
+from specdecode.drafters.protocol import Drafter
+from specdecode.engine.loop import VerifyRule, speculative_round
+from specdecode.engine.policy import KPolicy
+
+UNBOUNDED = 1 << 30  # no token budget inside a round: the audit wants full K rounds
+
+
+def prefill(target: Model, drafters: Sequence[Drafter], prefix: Sequence[int]) -> int:
+    """Load the prefix (all but its last token) into the target cache; return that length."""
+    if len(prefix) < 1:
+        raise ValueError("the audit prompt is empty")
+    target.truncate(0)
+    for d in drafters:
+        d.reset()
+    if len(prefix) > 1:
+        target.forward(list(prefix[:-1]), n_logits=1)
+    return target.length
+
+
+def sample_first_tokens(target: Model, drafters: Sequence[Drafter], policy: KPolicy, prefix: Sequence[int],
+                        params: SamplingParams, n_samples: int, n_tokens: int, generator: torch.Generator,
+                        rule: VerifyRule = verify, tick: Callable[[], None] | None = None) -> list[tuple[int, ...]]:
+    """n_samples independent draws of the first n_tokens the engine emits after `prefix`."""
+    base = prefill(target, drafters, prefix)
+    out = []
+    for _ in range(n_samples):
+        context = list(prefix)
+        tokens: list[int] = []
+        while len(tokens) < n_tokens:
+            r = speculative_round(target, drafters, policy, context, UNBOUNDED, params, generator, rule)
+            policy.observe(r.drafter, r.drafted, r.accepted, r.t_draft, r.verified, r.t_verify)
+            tokens += r.tokens
+            context += r.tokens
+        out.append(tuple(tokens[:n_tokens]))
+        target.truncate(base)
+        if tick:
+            tick()
+    return out
+
+
+def next_token_law(target: Model, prefix: Sequence[int], params: SamplingParams) -> torch.Tensor:
+    """p(. | prefix) after the same processing the engine applies."""
+    base = prefill(target, [], prefix)
+    p = logits_to_probs(target.forward([prefix[-1]], 1)[0], params).double()
+    target.truncate(base)
+    return p
+
+
+def two_token_law(target: Model, prefix: Sequence[int], params: SamplingParams, mass: float = 0.99,
+                  max_branch: int = 24) -> tuple[dict[tuple[int, int], float], float]:
+    """p(y1) p(y2 | y1) over the likeliest continuations; returns (cells, probability of the rest).
+
+    y1 ranges over the smallest top set covering `mass` (at most max_branch tokens), and
+    for each y1 so does y2; everything else is one merged "rest" cell.
+    """
+    base = prefill(target, [], prefix)
+    p1 = logits_to_probs(target.forward([prefix[-1]], 1)[0], params).double()
+    target.truncate(base)
+    cells: dict[tuple[int, int], float] = {}
+    for y1 in _top_set(p1, mass, max_branch):
+        p2 = logits_to_probs(target.forward([prefix[-1], y1], 1)[0], params).double()
+        target.truncate(base)
+        for y2 in _top_set(p2, mass, max_branch):
+            cells[(y1, y2)] = float(p1[y1] * p2[y2])
+    return cells, max(0.0, 1.0 - sum(cells.values()))
+
+
+def _top_set(p: torch.Tensor, mass: float, limit: int) -> list[int]:
+    probs, ids = torch.sort(p, descending=True)
+    n = int((torch.cumsum(probs, 0) < mass).sum()) + 1
+    return [int(i) for i, pr in zip(ids[: min(n, limit)], probs[: min(n, limit)]) if pr > 0]

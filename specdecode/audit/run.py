@@ -1,0 +1,185 @@
+"""`specdecode audit`: a statistical certificate that speculative decoding is lossless here.
+
+For the user's target, drafters, K policy and sampling settings, on a few prompts:
+- next-token law: many independent rounds from the same prefix; the first emitted
+  token against the target's exact p (chi-square, TV with a confidence bound);
+- two-token law: the first two emitted tokens against p(y1) p(y2 | y1);
+- greedy identity: speculative greedy == plain greedy over a longer generation (in
+  bf16/fp16 a divergence at a numerical near-tie of the target's logits is reported
+  as numerics, not failure; in fp32/fp64 any divergence fails);
+- a negative control: the next-token test again with a deliberately broken rule,
+  which must be flagged, so the audit demonstrably has power.
+
+False failures: the overall probability that a correct engine fails any statistical
+check is at most `level` (Bonferroni: each of the m tests runs at level / m).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from specdecode.audit.checks import LawCheck, law_check
+from specdecode.audit.controls import CONTROLS
+from specdecode.audit.laws import next_token_law, prefill, sample_first_tokens, two_token_law
+from specdecode.backends.protocol import Model
+from specdecode.core.probs import GREEDY, SamplingParams
+from specdecode.core.verify import verify
+from specdecode.drafters.protocol import Drafter
+from specdecode.engine.config import GenerationConfig
+from specdecode.engine.loop import VerifyRule, generate_tokens
+from specdecode.engine.policy import AdaptiveK, FixedK, KPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class AuditConfig:
+    samples: int = 400  # rounds per law check
+    greedy_tokens: int = 64
+    level: float = 1e-3  # overall false-failure probability of the statistical checks
+    k: int | None = None  # None = adaptive K
+    control: str = "always-accept"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.samples < 20:
+            raise ValueError(f"samples must be >= 20 for the chi-square approximation, got {self.samples}")
+        if not 0 < self.level < 1:
+            raise ValueError(f"level must be in (0, 1), got {self.level}")
+        if self.control not in CONTROLS:
+            raise ValueError(f"control must be one of {', '.join(CONTROLS)}, got {self.control!r}")
+        if self.greedy_tokens < 1:
+            raise ValueError("greedy_tokens must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class GreedyCheck:
+    name: str
+    tokens: int
+    passed: bool
+    diverged_at: int | None
+    note: str
+    seconds: float
+
+
+@dataclass
+class AuditReport:
+    sampling: SamplingParams
+    config: AuditConfig
+    law_checks: list[LawCheck] = field(default_factory=list)
+    greedy_checks: list[GreedyCheck] = field(default_factory=list)
+    control: LawCheck | None = None
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.law_checks) and all(c.passed for c in self.greedy_checks)
+
+    @property
+    def control_detected(self) -> bool | None:
+        return None if self.control is None else not self.control.passed
+
+    def to_dict(self) -> dict:
+        law = [{**asdict(c), "passed": c.passed} for c in self.law_checks]
+        return {"passed": self.passed, "sampling": asdict(self.sampling), "config": asdict(self.config),
+                "law_checks": law, "greedy_checks": [asdict(c) for c in self.greedy_checks],
+                "control": None if self.control is None else {**asdict(self.control),
+                                                              "detected": self.control_detected},
+                "seconds": self.seconds}
+
+
+def run_audit(target: Model, drafters: Sequence[Drafter], prompts: Sequence[Sequence[int]],
+              sampling: SamplingParams, config: AuditConfig = AuditConfig(), rule: VerifyRule = verify,
+              progress: bool = True) -> AuditReport:
+    """Audit `rule` (the real one by default) with these drafters on these prompts."""
+    if not drafters:
+        raise ValueError("the audit needs at least one drafter: it checks speculative decoding")
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("give at least one non-empty prompt")
+    if sampling.greedy:
+        raise ValueError("the law checks need sampling (temperature > 0); greedy is covered by greedy identity")
+    t_start = time.perf_counter()
+    report = AuditReport(sampling, config)
+    tests = 2 * len(prompts)
+    level = config.level / tests  # Bonferroni over the statistical tests
+    generator = torch.Generator().manual_seed(config.seed)
+    policy: KPolicy = AdaptiveK() if config.k is None else FixedK(config.k)
+    total = config.samples * (tests + 1) + 2 * len(prompts)
+    bar = tqdm(total=total, desc="audit", disable=not progress, unit="round")
+    tick = bar.update
+
+    for i, prompt in enumerate(prompts):
+        t0 = time.perf_counter()
+        p = next_token_law(target, prompt, sampling)
+        draws = sample_first_tokens(target, drafters, policy, prompt, sampling, config.samples, 1, generator,
+                                    rule, tick)
+        cells = {(t,): float(p[t]) for t in range(p.shape[0]) if p[t] > 0}
+        report.law_checks.append(law_check(f"prompt {i + 1}: next-token law", draws, cells, 0.0, level,
+                                           time.perf_counter() - t0))
+        t0 = time.perf_counter()
+        cells2, rest = two_token_law(target, prompt, sampling)
+        draws = sample_first_tokens(target, drafters, policy, prompt, sampling, config.samples, 2, generator,
+                                    rule, tick)
+        report.law_checks.append(law_check(f"prompt {i + 1}: two-token law", draws, cells2, rest, level,
+                                           time.perf_counter() - t0))
+
+    t0 = time.perf_counter()
+    p = next_token_law(target, prompts[0], sampling)
+    draws = sample_first_tokens(target, drafters, policy, prompts[0], sampling, config.samples, 1, generator,
+                                CONTROLS[config.control], tick)
+    cells = {(t,): float(p[t]) for t in range(p.shape[0]) if p[t] > 0}
+    report.control = law_check(f"negative control ({config.control}, prompt 1)", draws, cells, 0.0, level,
+                               time.perf_counter() - t0)
+
+    for i, prompt in enumerate(prompts):
+        report.greedy_checks.append(greedy_identity(target, drafters, prompt, config, f"prompt {i + 1}",
+                                                    rule, tick))
+    bar.close()
+    report.seconds = time.perf_counter() - t_start
+    return report
+
+
+def greedy_identity(target: Model, drafters: Sequence[Drafter], prompt: Sequence[int], config: AuditConfig,
+                    name: str, rule: VerifyRule = verify, tick=None) -> GreedyCheck:
+    t0 = time.perf_counter()
+    gen = GenerationConfig(max_new_tokens=config.greedy_tokens, sampling=GREEDY, k=config.k)
+    plain = [t for r in generate_tokens(target, [], prompt, gen, frozenset()) for t in r.tokens]
+    if tick:
+        tick()
+    policy = AdaptiveK() if config.k is None else FixedK(config.k)
+    spec = [t for r in generate_tokens(target, drafters, prompt, gen, frozenset(), policy=policy, rule=rule)
+            for t in r.tokens]
+    if tick:
+        tick()
+    seconds = time.perf_counter() - t0
+    if spec == plain:
+        return GreedyCheck(f"{name}: greedy identity", len(plain), True, None, "token-identical", seconds)
+    at = next((i for i, (a, b) in enumerate(zip(spec, plain)) if a != b), min(len(spec), len(plain)))
+    tie, gap = _numerical_tie(target, list(prompt) + plain[:at], plain, spec, at)
+    note = (f"diverged at token {at} where the target's two candidates differ by {gap:.4g} in logit: a "
+            f"numerical near-tie in {_dtype(target)}" if tie else
+            f"diverged at token {at} (logit gap {gap:.4g}): NOT explained by numerics")
+    return GreedyCheck(f"{name}: greedy identity", len(plain), tie, at, note, seconds)
+
+
+def _numerical_tie(target: Model, context: list[int], plain: list[int], spec: list[int],
+                   at: int) -> tuple[bool, float]:
+    """Is the divergence a near-tie of the target's logits (bf16/fp16 rounding), or a real difference?"""
+    if at >= len(plain) or at >= len(spec):
+        return False, float("inf")
+    base = prefill(target, [], context)
+    logits = target.forward([context[-1]], 1)[0].float()
+    target.truncate(base)
+    gap = abs(float(logits[plain[at]] - logits[spec[at]]))
+    dtype = _dtype(target)
+    if dtype in (torch.float32, torch.float64):
+        return False, gap
+    tolerance = 8 * torch.finfo(dtype).eps * max(1.0, float(logits.abs().max()))
+    return gap <= tolerance, gap
+
+
+def _dtype(target: Model) -> torch.dtype:
+    return getattr(target, "dtype", torch.float32)

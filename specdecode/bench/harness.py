@@ -1,0 +1,130 @@
+"""Side-by-side benchmark: every method on every prompt, interleaved in one process.
+
+Interleaving (all methods for one prompt and repetition, in a rotating order) lets
+machine drift hit every method alike. Each (prompt, mode, method) gets warm-up runs
+and `reps` timed runs; the median is kept. In greedy mode every method's tokens are
+compared with the baseline's: a mismatch is an error in float32/float64, and a
+reported divergence in bf16/fp16, where batched and one-token passes round
+differently.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+
+import torch
+from tqdm.auto import tqdm
+
+from specdecode.backends.hf import HFModel
+from specdecode.bench.methods import BASELINE, Method, RunResult
+from specdecode.core.probs import GREEDY, SamplingParams
+
+SAMPLED = SamplingParams(temperature=0.7)
+MODES = {"greedy": GREEDY, "sampled": SAMPLED}
+PROMPT_SETS = ("codegen", "codeedit", "chat")
+
+
+@dataclass(frozen=True, slots=True)
+class BenchConfig:
+    sets: tuple[str, ...] = PROMPT_SETS
+    prompts_per_set: int | None = None  # None = all
+    modes: tuple[str, ...] = ("greedy", "sampled")
+    reps: int = 3
+    warmup: int = 1
+    max_new_tokens: int = 128
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        unknown = set(self.sets) - set(PROMPT_SETS)
+        if unknown:
+            raise ValueError(f"unknown prompt set(s) {sorted(unknown)}; choose from {', '.join(PROMPT_SETS)}")
+        if set(self.modes) - set(MODES):
+            raise ValueError(f"modes must be among {', '.join(MODES)}, got {list(self.modes)}")
+        if self.reps < 1 or self.warmup < 0 or self.max_new_tokens < 1:
+            raise ValueError("reps >= 1, warmup >= 0 and max_new_tokens >= 1 are required")
+
+
+@dataclass
+class Cell:
+    """All timed runs of one method on one prompt in one mode."""
+
+    runs: list[RunResult] = field(default_factory=list)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return statistics.median(len(r.tokens) / r.seconds for r in self.runs)
+
+
+def load_prompts(name: str) -> list[dict]:
+    return json.loads(resources.files("specdecode.bench").joinpath("prompts", f"{name}.json").read_text())
+
+
+def measure_cost_curve(target: HFModel, ids: list[int], max_n: int, reps: int = 3) -> list[float]:
+    """Median wall time of a target pass over n = 1..max_n tokens after the prompt."""
+    target.truncate(0)
+    target.forward(ids[:-1], 1)
+    base = target.length
+    curve = []
+    for n in range(1, max_n + 1):
+        target.forward([ids[-1]] * n, n)  # warm-up: the first pass of a new shape is slower
+        target.truncate(base)
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            target.forward([ids[-1]] * n, n)
+            times.append(time.perf_counter() - t0)
+            target.truncate(base)
+        curve.append(statistics.median(times))
+    return curve
+
+
+def run_benchmark(methods: list[Method], encode, config: BenchConfig, exact_dtype: bool,
+                  progress: bool = True) -> dict:
+    """Run everything; return {set: {mode: {prompt_id: {method: Cell}}}} plus correctness findings."""
+    prompts = {s: load_prompts(s)[: config.prompts_per_set] for s in config.sets}
+    total = sum(len(p) for p in prompts.values()) * len(config.modes) * len(methods) * (config.reps + config.warmup)
+    results: dict = {}
+    errors: list[str] = []
+    divergences: list[str] = []
+    bar = tqdm(total=total, desc="benchmark", disable=not progress, unit="run")
+    for set_name, items in prompts.items():
+        for mode in config.modes:
+            sampling = MODES[mode]
+            for item in items:
+                ids = encode(item["prompt"], item["chat"])
+                cells = {m.name: Cell() for m in methods}
+                for rep in range(config.warmup + config.reps):
+                    order = methods[rep % len(methods):] + methods[: rep % len(methods)]  # rotate
+                    for method in order:
+                        bar.set_postfix_str(f"{set_name}/{item['id']}/{mode}/{method.name}", refresh=False)
+                        result = method.run(ids, sampling, config.seed + rep, config.max_new_tokens)
+                        if rep >= config.warmup:
+                            cells[method.name].runs.append(result)
+                        bar.update()
+                if mode == "greedy":
+                    _check_identity(cells, f"{set_name}/{item['id']}", exact_dtype, errors, divergences)
+                results.setdefault(set_name, {}).setdefault(mode, {})[item["id"]] = cells
+    bar.close()
+    return {"cells": results, "errors": errors, "divergences": divergences}
+
+
+def _check_identity(cells: dict[str, Cell], where: str, exact: bool, errors: list[str],
+                    divergences: list[str]) -> None:
+    reference = cells[BASELINE].runs[0].tokens
+    for name, cell in cells.items():
+        for run in cell.runs:
+            if run.tokens == reference:
+                continue
+            at = next((i for i, (a, b) in enumerate(zip(run.tokens, reference)) if a != b),
+                      min(len(run.tokens), len(reference)))
+            message = f"{where}: '{name}' differs from the baseline from token {at}"
+            (errors if exact else divergences).append(message)
+            break
+
+
+def exact_dtype(dtype: torch.dtype) -> bool:
+    return dtype in (torch.float32, torch.float64)

@@ -1,0 +1,154 @@
+"""Turn benchmark cells into numbers: speedups, theory's prediction, efficiency; then md/json/png."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+from specdecode.bench.harness import Cell
+from specdecode.bench.methods import BASELINE
+from specdecode.core.theory import expected_tokens
+from specdecode.engine.stats import GenerationStats
+
+
+def predicted_speedup(stats: GenerationStats, curve: list[float]) -> float | None:
+    """What theory predicts for this run's rounds from its measured alpha and costs.
+
+    Per drafter: alpha = accepted / tested, draft step = draft time / drafted tokens.
+    Expected tokens = sum over rounds of E[N](alpha, K_r) (1 for a plain step); expected time
+    = sum of T_verify(tokens verified) + K_r * step, with T from the measured cost curve.
+    Relative to plain decoding, which makes 1 token per T_verify(1).
+    """
+    if not stats.rounds:
+        return None
+    per: dict[str, list[float]] = {}
+    for r in stats.rounds:
+        if r.drafted:
+            acc = per.setdefault(r.drafter, [0.0, 0.0, 0.0, 0.0])
+            acc[0] += r.accepted
+            acc[1] += min(r.accepted + 1, r.drafted)
+            acc[2] += r.t_draft
+            acc[3] += r.drafted
+    tokens = time = 0.0
+    for r in stats.rounds:
+        size = max(1, r.verified)
+        if size > len(curve):
+            return None
+        if r.drafted:
+            accepted, tested, t_draft, drafted = per[r.drafter]
+            tokens += expected_tokens(min(1.0, accepted / tested), r.drafted)
+            time += curve[size - 1] + r.drafted * t_draft / drafted
+        else:
+            tokens += 1
+            time += curve[size - 1]
+    return tokens / time * curve[0]
+
+
+def summarise(bench: dict, curve: list[float]) -> dict:
+    """{set: {mode: {method: metrics}}}: geometric means over prompts, pooled acceptance counts."""
+    out: dict = {}
+    for set_name, modes in bench["cells"].items():
+        for mode, prompts in modes.items():
+            methods = next(iter(prompts.values())).keys()
+            row: dict = {}
+            for method in methods:
+                cells = [prompts[p][method] for p in prompts]
+                base = [prompts[p][BASELINE] for p in prompts]
+                row[method] = _metrics(cells, base, curve)
+            if "hf assisted" in row:
+                for metrics in row.values():
+                    metrics["vs_hf_assisted"] = metrics["speedup"] / row["hf assisted"]["speedup"]
+            out.setdefault(set_name, {})[mode] = row
+    return out
+
+
+def _metrics(cells: list[Cell], base: list[Cell], curve: list[float]) -> dict:
+    speedups = [c.tokens_per_second / b.tokens_per_second for c, b in zip(cells, base)]
+    m = {"tokens_per_s": statistics.median(c.tokens_per_second for c in cells), "speedup": _geomean(speedups)}
+    runs = [r for c in cells for r in c.runs if r.stats is not None]
+    if not runs or not any(r.stats.drafted for r in runs):
+        return m
+    acc = _pool([r.stats.accepted_per_position for r in runs])
+    tested = _pool([r.stats.reached_per_position for r in runs])
+    spec_rounds = [x for r in runs for x in r.stats.rounds if x.drafted]
+    steps = sum(x.drafted for x in spec_rounds)
+    t_draft = sum(x.t_draft for x in spec_rounds)
+    predicted = [p for p in (predicted_speedup(r.stats, curve) for r in runs) if p]
+    m.update({
+        "alpha": sum(acc) / sum(tested) if sum(tested) else None,
+        "per_position": [a / t if t else None for a, t in zip(acc, tested)],
+        "mean_acceptance_length": sum(r.stats.new_tokens for r in runs) / sum(r.stats.num_rounds for r in runs),
+        "mean_k": statistics.mean(x.drafted for r in runs for x in r.stats.rounds),
+        "c": (statistics.mean(x.t_verify for x in spec_rounds) / (t_draft / steps)) if t_draft > 0 else None,
+        "predicted": _geomean(predicted) if predicted else None,
+    })
+    m["efficiency"] = m["speedup"] / m["predicted"] if m["predicted"] else None
+    return m
+
+
+def _pool(lists: list[list[int]]) -> list[int]:
+    width = max((len(x) for x in lists), default=0)
+    return [sum(x[i] for x in lists if i < len(x)) for i in range(width)]
+
+
+def _geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def _f(x, fmt: str = "{:.2f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def markdown(summary: dict, meta: dict) -> str:
+    lines = [f"# Benchmark: {meta['target']} + {meta['draft']}", "",
+             f"`{meta['command']}` on {meta['machine']}, dtype {meta['dtype']}, {meta['max_new_tokens']} new "
+             f"tokens, {meta['reps']} timed repetitions (median) after {meta['warmup']} warm-up.", "",
+             "Speedup = tokens/s over our plain decoding (geometric mean over prompts, same run). "
+             "Predicted = the documents' formula with this run's measured alpha, draft step time and target "
+             "cost curve; efficiency = measured / predicted.", "",
+             "Target cost curve (ms per pass over n tokens): "
+             + ", ".join(f"{n}: {1000 * t:.0f}" for n, t in enumerate(meta["cost_curve"], start=1)), ""]
+    for set_name, modes in summary.items():
+        for mode, rows in modes.items():
+            lines += [f"## {set_name}, {mode}", "",
+                      "| method | tok/s | speedup | vs HF assisted | alpha | tokens/round | mean K | c | predicted | efficiency |",
+                      "|---|---|---|---|---|---|---|---|---|---|"]
+            for name, m in rows.items():
+                lines.append(f"| {name} | {m['tokens_per_s']:.2f} | {m['speedup']:.2f}x | "
+                             f"{_f(m.get('vs_hf_assisted'))} | {_f(m.get('alpha'), '{:.3f}')} | "
+                             f"{_f(m.get('mean_acceptance_length'))} | {_f(m.get('mean_k'))} | {_f(m.get('c'))} | "
+                             f"{_f(m.get('predicted'))} | {_f(m.get('efficiency'))} |")
+            lines.append("")
+    if meta.get("errors"):
+        lines += ["## ERRORS (greedy outputs that differ from the baseline in an exact dtype)", ""]
+        lines += [f"- {e}" for e in meta["errors"]] + [""]
+    if meta.get("divergences"):
+        lines += [f"## Divergences in {meta['dtype']} (numerics of batched vs one-token passes)", ""]
+        lines += [f"- {d}" for d in meta["divergences"]] + [""]
+    return "\n".join(lines)
+
+
+def plot(summary: dict, k_sweep: list[int], path: Path, mode: str = "greedy") -> None:
+    """Speedup vs K: measured (solid) and predicted (dashed), one colour per prompt set."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, (set_name, modes) in enumerate(summary.items()):
+        rows = modes.get(mode) or next(iter(modes.values()))
+        ks = [k for k in k_sweep if f"model K={k}" in rows]
+        color = f"C{i}"
+        ax.plot(ks, [rows[f"model K={k}"]["speedup"] for k in ks], "o-", color=color, label=f"{set_name} measured")
+        ax.plot(ks, [rows[f"model K={k}"].get("predicted") or float("nan") for k in ks], "s--", color=color,
+                alpha=0.6, label=f"{set_name} predicted")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xlabel("K (draft tokens per round, draft model)")
+    ax.set_ylabel("speedup over plain decoding")
+    ax.set_title(f"Speculative decoding, {mode}: measured vs predicted")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,67 @@
+"""`specdecode audit`: check that speculative decoding is lossless for your models and settings."""
+
+from __future__ import annotations
+
+import argparse
+
+from specdecode.cli.generate import add_model_args, load_decoder
+from specdecode.cli.output import console, emit_json, table
+
+DEFAULT_PROMPTS = ["Write a Python function that reverses a string.", "def fibonacci(n):"]
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("audit", help="statistical check that the output law is exactly the target's",
+                       description="Sample many speculative rounds from fixed prefixes and compare the first "
+                                   "one and two emitted tokens with the target's exact distribution "
+                                   "(chi-square, TV bound); check greedy identity; run a broken-rule "
+                                   "negative control that must be flagged.")
+    add_model_args(p)
+    p.add_argument("--prompt", action="append", default=None, help="audit prompt (repeatable; default: two)")
+    p.add_argument("--chat", action="store_true", help="apply the chat template to the prompts")
+    p.add_argument("--k", type=int, default=None, help="fixed K (default: adaptive)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature > 0 (default 1)")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--samples", type=int, default=None, help="rounds per law check (default 400; quick 200)")
+    p.add_argument("--greedy-tokens", type=int, default=None, help="tokens for greedy identity (default 64)")
+    p.add_argument("--level", type=float, default=1e-3,
+                   help="overall false-failure probability of the statistical checks (default 1e-3)")
+    p.add_argument("--control", default="always-accept", choices=["always-accept", "residual-from-p"],
+                   help="the broken rule used as negative control")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="one prompt, 200 samples, 32 greedy tokens")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run_audit_cmd)
+
+
+def run_audit_cmd(args: argparse.Namespace) -> int:
+    from specdecode.audit import AuditConfig, run_audit
+    from specdecode.core.probs import SamplingParams
+
+    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    config = AuditConfig(samples=args.samples or (200 if args.quick else 400),
+                         greedy_tokens=args.greedy_tokens or (32 if args.quick else 64), level=args.level,
+                         k=args.k, control=args.control, seed=args.seed)
+    prompts = args.prompt or (DEFAULT_PROMPTS[:1] if args.quick else DEFAULT_PROMPTS)
+    decoder = load_decoder(args)
+    ids = [decoder.encode(p, args.chat) for p in prompts]
+    report = run_audit(decoder.target, decoder.drafters, ids, sampling, config, progress=not args.json)
+    if args.json:
+        emit_json(report.to_dict())
+        return 0 if report.passed else 1
+    rows = [[c.name, "PASS" if c.passed else "FAIL", f"{c.p_value:.3g}", f"{c.level:.2g}", c.samples,
+             f"{c.tv:.3f}", f"{c.tv_bound:.3f}", f"{c.seconds:.1f}"] for c in report.law_checks]
+    console.print(table(f"law checks ({sampling})", ["check", "result", "p-value", "level", "samples", "TV",
+                                                     "TV bound", "s"], rows))
+    console.print(table("greedy identity", ["check", "result", "tokens", "note", "s"],
+                        [[c.name, "PASS" if c.passed else "FAIL", c.tokens, c.note, f"{c.seconds:.1f}"]
+                         for c in report.greedy_checks]))
+    c = report.control
+    verdict = "[green]detected[/] (the audit has power)" if report.control_detected else \
+        "[yellow]NOT detected[/]: raise --samples for more power"
+    console.print(f"negative control {c.name}: p-value {c.p_value:.3g} at level {c.level:.2g}: {verdict}")
+    console.print(f"overall: {'[green]PASS[/]' if report.passed else '[red]FAIL[/]'}; false-failure "
+                  f"probability <= {config.level:g} (Bonferroni over {len(report.law_checks)} tests); "
+                  f"{report.seconds:.0f} s")
+    return 0 if report.passed else 1

@@ -1,0 +1,87 @@
+"""The benchmark harness in --quick mode on tiny models: it runs, writes JSON/markdown/PNG,
+checks greedy identity inside the benchmark, and its analysis is sound (no timing assertions)."""
+
+import json
+
+import pytest
+import torch
+
+from specdecode.bench.harness import BenchConfig, Cell, load_prompts
+from specdecode.bench.methods import RunResult
+from specdecode.bench.report import predicted_speedup
+from specdecode.cli import main
+from specdecode.engine.stats import GenerationStats, RoundRecord
+from tests.tiny import CHARS, SPECIALS, char_tokenizer, tiny_model
+
+VOCAB = len(SPECIALS) + len(CHARS)
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench-models")
+    target = tiny_model(VOCAB, seed=21, dtype=torch.float32, scale=0.4, max_len=2048)
+    draft = tiny_model(VOCAB, seed=22, base=target, noise=0.05, dtype=torch.float32, max_len=2048)
+    for name, model in [("target", target), ("draft", draft)]:
+        model.save_pretrained(root / name)
+        char_tokenizer().save_pretrained(root / name)
+    return str(root / "target"), str(root / "draft")
+
+
+def test_prompt_sets_are_complete():
+    for name in ("codegen", "codeedit", "chat"):
+        items = load_prompts(name)
+        assert len(items) >= 8 and len({i["id"] for i in items}) == len(items)
+        assert all(isinstance(i["prompt"], str) and i["prompt"] for i in items)
+    assert any(not i["chat"] for i in load_prompts("codegen"))  # completions, not only instructions
+    assert all("```" in i["prompt"] for i in load_prompts("codeedit"))  # a file to edit
+
+
+def test_quick_bench_writes_reports(model_dirs, tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = main(["bench", "--quick", "--target", model_dirs[0], "--draft", model_dirs[1], "--dtype", "float32",
+               "--out", str(out), "--max-new-tokens", "12"])
+    printed = capsys.readouterr().out.strip().splitlines()
+    summary = json.loads(printed[-1])
+    assert rc == 0 and summary["errors"] == 0  # every greedy method matched the baseline (float32)
+    doc = json.loads((out / "results.json").read_text())
+    rows = doc["summary"]["codegen"]["greedy"]
+    assert {"plain", "model K=2", "model K=4", "model adaptive", "auto adaptive", "lookup adaptive",
+            "hf plain", "hf assisted", "hf prompt-lookup"} <= set(rows)
+    assert rows["plain"]["speedup"] == pytest.approx(1.0)
+    assert rows["model K=4"]["predicted"] is not None and rows["model K=4"]["efficiency"] is not None
+    assert "vs_hf_assisted" in rows["model K=4"]
+    assert len(doc["meta"]["cost_curve"]) >= 9
+    md = (out / "results.md").read_text()
+    assert "| model K=4 |" in md and "efficiency" in md
+    png = (out / "speedup.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+
+def test_wrong_answers_are_reported_as_errors():
+    from specdecode.bench.harness import _check_identity
+    good = Cell([RunResult([1, 2, 3], 1.0, None)])
+    bad = Cell([RunResult([1, 2, 4], 1.0, None)])
+    errors, divergences = [], []
+    _check_identity({"plain": good, "x": good, "broken": bad}, "set/p", True, errors, divergences)
+    assert errors == ["set/p: 'broken' differs from the baseline from token 2"] and not divergences
+    _check_identity({"plain": good, "broken": bad}, "set/p", False, errors := [], divergences)
+    assert not errors and len(divergences) == 1
+
+
+def test_predicted_speedup_matches_the_closed_form():
+    """Rounds of K=4 with alpha 0.75 measured, flat curve, draft step 0.1: E[N] c/(c+K) with c = 10."""
+    from specdecode.core.theory import speedup
+    stats = GenerationStats()
+    outcomes = [4, 3, 4, 0, 4, 2, 4, 1]  # accepted per round
+    for n in outcomes:
+        stats.add_round(RoundRecord("model", 4, n, n + 1, t_draft=0.4, t_verify=1.0, verified=5))
+    tested = sum(min(n + 1, 4) for n in outcomes)
+    alpha = sum(outcomes) / tested
+    assert predicted_speedup(stats, [1.0] * 6) == pytest.approx(speedup(alpha, 10.0, 4))
+
+
+def test_bench_config_validation():
+    with pytest.raises(ValueError, match="unknown prompt set"):
+        BenchConfig(sets=("poetry",))
+    with pytest.raises(ValueError, match="modes"):
+        BenchConfig(modes=("beam",))
