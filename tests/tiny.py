@@ -53,3 +53,16 @@ def tiny_pair(vocab: int = len(SPECIALS) + len(CHARS), seed: int = 0, noise: flo
     target = tiny_model(vocab, seed, dtype=dtype, scale=scale)
     draft = tiny_model(vocab, seed + 1000, base=target, noise=noise, dtype=dtype)
     return HFModel(target, "tiny-target"), HFModel(draft, "tiny-draft")
+
+
+def save_pair(root, seed: int, scale: float = 0.4, noise: float = 0.05, max_len: int = 256) -> tuple[str, str]:
+    """A float32 tiny target and a close draft saved as transformers directories (for CLI/server tests)."""
+    vocab = len(SPECIALS) + len(CHARS)
+    target = tiny_model(vocab, seed=seed, dtype=torch.float32, scale=scale, max_len=max_len)
+    draft = tiny_model(vocab, seed=seed + 1, base=target, noise=noise, dtype=torch.float32, max_len=max_len)
+    dirs = []
+    for name, model in [("target", target), ("draft", draft)]:
+        model.save_pretrained(root / name)
+        char_tokenizer().save_pretrained(root / name)
+        dirs.append(str(root / name))
+    return dirs[0], dirs[1]

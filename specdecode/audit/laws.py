@@ -39,13 +39,14 @@ def sample_first_tokens(target: Model, drafters: Sequence[Drafter], policy: KPol
                         rule: VerifyRule = verify, tick: Callable[[], None] | None = None) -> list[tuple[int, ...]]:
     """n_samples independent draws of the first n_tokens the engine emits after `prefix`."""
     base = prefill(target, drafters, prefix)
+    policy.begin()
     out = []
     for _ in range(n_samples):
         context = list(prefix)
         tokens: list[int] = []
         while len(tokens) < n_tokens:
             r = speculative_round(target, drafters, policy, context, UNBOUNDED, params, generator, rule)
-            policy.observe(r.drafter, r.drafted, r.accepted, r.t_draft, r.verified, r.t_verify)
+            policy.observe(r.drafter, r.drafted, r.accepted, r.t_step * r.drafted, r.verified, r.t_verify)
             tokens += r.tokens
             context += r.tokens
         out.append(tuple(tokens[:n_tokens]))

@@ -1,8 +1,9 @@
 """Side-by-side benchmark: every method on every prompt, interleaved in one process.
 
 Interleaving (all methods for one prompt and repetition, in a rotating order) lets
-machine drift hit every method alike. Each (prompt, mode, method) gets warm-up runs
-and `reps` timed runs; the median is kept. In greedy mode every method's tokens are
+machine drift hit every method alike. Every method first gets `warmup` untimed runs
+on the first prompt (first-shape effects, the adaptive policy's calibration); then
+each (prompt, mode, method) gets `reps` timed runs and the median is kept. In greedy mode every method's tokens are
 compared with the baseline's: a mismatch is an error in float32/float64, and a
 reported divergence in bf16/fp16, where batched and one-token passes round
 differently.
@@ -86,24 +87,30 @@ def run_benchmark(methods: list[Method], encode, config: BenchConfig, exact_dtyp
                   progress: bool = True) -> dict:
     """Run everything; return {set: {mode: {prompt_id: {method: Cell}}}} plus correctness findings."""
     prompts = {s: load_prompts(s)[: config.prompts_per_set] for s in config.sets}
-    total = sum(len(p) for p in prompts.values()) * len(config.modes) * len(methods) * (config.reps + config.warmup)
+    total = (sum(len(p) for p in prompts.values()) * len(config.modes) * config.reps + config.warmup) * len(methods)
     results: dict = {}
     errors: list[str] = []
     divergences: list[str] = []
     bar = tqdm(total=total, desc="benchmark", disable=not progress, unit="run")
+    first = next(iter(prompts.values()))[0]
+    warm_ids = encode(first["prompt"], first["chat"])
+    for _ in range(config.warmup):
+        for method in methods:
+            bar.set_postfix_str(f"warm-up/{method.name}", refresh=False)
+            method.run(warm_ids, MODES[config.modes[0]], config.seed, config.max_new_tokens)
+            bar.update()
     for set_name, items in prompts.items():
         for mode in config.modes:
             sampling = MODES[mode]
             for item in items:
                 ids = encode(item["prompt"], item["chat"])
                 cells = {m.name: Cell() for m in methods}
-                for rep in range(config.warmup + config.reps):
-                    order = methods[rep % len(methods):] + methods[: rep % len(methods)]  # rotate
-                    for method in order:
+                for rep in range(config.reps):
+                    shift = (rep + len(results)) % len(methods)
+                    for method in methods[shift:] + methods[:shift]:  # rotating order
                         bar.set_postfix_str(f"{set_name}/{item['id']}/{mode}/{method.name}", refresh=False)
-                        result = method.run(ids, sampling, config.seed + rep, config.max_new_tokens)
-                        if rep >= config.warmup:
-                            cells[method.name].runs.append(result)
+                        cells[method.name].runs.append(method.run(ids, sampling, config.seed + rep,
+                                                                  config.max_new_tokens))
                         bar.update()
                 if mode == "greedy":
                     _check_identity(cells, f"{set_name}/{item['id']}", exact_dtype, errors, divergences)

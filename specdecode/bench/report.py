@@ -103,7 +103,8 @@ def _f(x, fmt: str = "{:.2f}") -> str:
 def markdown(summary: dict, meta: dict) -> str:
     lines = [f"# Benchmark: {meta['target']} + {meta['draft']}", "",
              f"`{meta['command']}` on {meta['machine']}, dtype {meta['dtype']}, {meta['max_new_tokens']} new "
-             f"tokens, {meta['reps']} timed repetitions (median) after {meta['warmup']} warm-up.", "",
+             f"tokens, {meta['reps']} timed repetition(s) per cell (median), after {meta['warmup']} untimed warm-up "
+             f"pass(es) of every method.", "",
              "Speedup = tokens/s over our plain decoding (geometric mean over prompts, same run). "
              "Predicted = the documents' formula with this run's measured alpha, draft step time and target "
              "cost curve; efficiency = measured / predicted.", "",

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from specdecode import __version__
-from specdecode.cli import audit, bench, generate, theory
+from specdecode.cli import audit, bench, generate, serve, theory
 from specdecode.cli.output import err_console
 
 
@@ -17,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_parsers(sub)
     bench.add_parsers(sub)
     audit.add_parsers(sub)
+    serve.add_parsers(sub)
     theory.add_parsers(sub)
     return parser
 

@@ -19,6 +19,9 @@ from specdecode.core.probs import SamplingParams
 class Proposal:
     tokens: list[int]  # 0 <= len <= k drafted tokens
     q: torch.Tensor | None  # [len, V]; None = deterministic drafter (one-hot q)
+    # mean time of one draft step, excluding catching up on context the drafter had not seen
+    # (a K policy needs the marginal cost of a drafted token); None = not measured
+    step_seconds: float | None = None
 
 
 class Drafter(Protocol):

@@ -109,8 +109,13 @@ class SpeculativeDecoder:
     def stream(self, prompt: Prompt, config: GenerationConfig = GenerationConfig(), *, chat: bool | None = None,
                speculative: bool = True, stats: GenerationStats | None = None) -> Iterator[Chunk]:
         """Yield text as rounds are emitted. `stats` (optional) is filled in as it goes."""
+        return self.stream_ids(self.encode(prompt, chat), config, speculative=speculative, stats=stats)
+
+    def stream_ids(self, ids: Sequence[int], config: GenerationConfig = GenerationConfig(), *,
+                   speculative: bool = True, stats: GenerationStats | None = None) -> Iterator[Chunk]:
+        """`stream` for a prompt that is already token ids."""
         stats = stats if stats is not None else GenerationStats()
-        rounds = self._rounds(self.encode(prompt, chat), config, stats, speculative)
+        rounds = self._rounds(list(ids), config, stats, speculative)
         out: list[int] = []
         shown = ""
         for rnd in rounds:

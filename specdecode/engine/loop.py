@@ -69,8 +69,10 @@ def generate_tokens(target: Model, drafters: Sequence[Drafter], prompt: Sequence
         d.reset()
     if len(prompt) > 1:
         target.forward(prompt[:-1], n_logits=1)
+    policy.begin()
     if drafters and policy.wants_calibration():
-        policy.calibrate(lambda n: _time_pass(target, prompt[-1], n))
+        policy.calibrate(lambda n: _time_pass(target, prompt[-1], n),
+                         {d.name: (lambda d=d: _time_step(d, prompt, params)) for d in drafters})
     stats.t_prefill = time.perf_counter() - t0
 
     context = prompt
@@ -80,7 +82,7 @@ def generate_tokens(target: Model, drafters: Sequence[Drafter], prompt: Sequence
         if target.length + 1 > target.max_length:
             return  # the context is full
         out = speculative_round(target, drafters, policy, context, budget - 1, params, generator, rule)
-        policy.observe(out.drafter, out.drafted, out.accepted, out.t_draft, out.verified, out.t_verify)
+        policy.observe(out.drafter, out.drafted, out.accepted, out.t_step * out.drafted, out.verified, out.t_verify)
         emitted, sources = out.tokens, out.sources
         for i, tok in enumerate(emitted):  # stop at EOS inside an accepted run
             if tok in eos_ids:
@@ -107,8 +109,9 @@ class RoundOutcome:
     drafted: int
     accepted: int
     verified: int  # tokens in the target pass (padding included)
-    t_draft: float
+    t_draft: float  # all drafting time of the round (catch-up included)
     t_verify: float
+    t_step: float  # marginal time of one draft token, as the drafter measured it (else t_draft / drafted)
 
 
 def speculative_round(target: Model, drafters: Sequence[Drafter], policy: KPolicy, context: list[int],
@@ -121,8 +124,10 @@ def speculative_round(target: Model, drafters: Sequence[Drafter], policy: KPolic
     """
     room = target.max_length - target.length - 1  # positions left after `pending`
     t0 = time.perf_counter()
-    drafter, drafts, q = _draft(drafters, policy, context, min(k_cap, room), params, generator)
+    drafter, proposal = _draft(drafters, policy, context, min(k_cap, room), params, generator)
     t1 = time.perf_counter()
+    drafts = proposal.tokens if proposal else []
+    q = proposal.q if proposal else None
 
     size = min(policy.verify_size(len(drafts) + 1), room + 1) if drafts else 1
     padding = [drafts[-1]] * (size - len(drafts) - 1) if drafts else []  # ignored positions
@@ -139,22 +144,36 @@ def speculative_round(target: Model, drafters: Sequence[Drafter], policy: KPolic
     else:
         n, emitted, sources = 0, [int(sample(p[0], generator))], [TARGET]
     t2 = time.perf_counter()
+    t_step = 0.0
+    if drafts:
+        t_step = proposal.step_seconds if proposal.step_seconds is not None else (t1 - t0) / len(drafts)
     return RoundOutcome(emitted, sources, drafter.name if drafts else "none", len(drafts), n, size,
-                        t1 - t0, t2 - t1)
+                        t1 - t0, t2 - t1, t_step)
 
 
 def _draft(drafters: Sequence[Drafter], policy: KPolicy, context: list[int], k_cap: int,
-           params: SamplingParams, generator: torch.Generator) -> tuple[Drafter | None, list[int], torch.Tensor | None]:
-    """Ask the drafters in order; the first non-empty proposal wins."""
+           params: SamplingParams, generator: torch.Generator) -> tuple[Drafter | None, Proposal | None]:
+    """Ask the drafters in order; the first non-empty proposal (cut to K) wins."""
     for drafter in drafters:
         k = min(policy.choose(drafter.name), k_cap)
         if k < 1:
             continue
-        proposal: Proposal = drafter.propose(context, k, params, generator)
+        proposal = drafter.propose(context, k, params, generator)
         if proposal.tokens:
-            drafts = proposal.tokens[:k]
-            return drafter, drafts, None if proposal.q is None else proposal.q[: len(drafts)]
-    return None, [], None
+            q = None if proposal.q is None else proposal.q[:k]
+            return drafter, Proposal(proposal.tokens[:k], q, proposal.step_seconds)
+    return None, None
+
+
+def _time_step(drafter: Drafter, prompt: list[int], params: SamplingParams) -> float | None:
+    """A drafter's marginal time per drafted token, measured on the prompt (state reset after)."""
+    t0 = time.perf_counter()
+    proposal = drafter.propose(prompt, 3, params, torch.Generator().manual_seed(0))  # own RNG: no effect on output
+    elapsed = time.perf_counter() - t0
+    drafter.reset()
+    if proposal.tokens and proposal.step_seconds is not None:
+        return proposal.step_seconds
+    return elapsed / max(1, len(proposal.tokens))  # e.g. lookup: the cost of looking
 
 
 def _time_pass(target: Model, token: int, n: int) -> float | None:

@@ -5,11 +5,15 @@ Adaptive K maximises expected emitted tokens per second,
     K* = argmax_K  E[N](alpha, K) / (T_verify(K+1) + K * T_draft),     K = 0 allowed,
 
 the documents' optimal-K formula generalised to the measured verification-cost
-curve (`core.theory.CostModel`). It keeps running estimates of:
-- alpha per drafter, from per-position accepted/tested counts with a Beta-like
-  prior (so early rounds behave) and exponential forgetting (so it tracks the text);
-- the draft step time per drafter (EMA);
-- T_verify(n), the target pass over n tokens, calibrated once and then tracked (EMA).
+curve (`core.theory.CostModel`). It estimates:
+- T_verify(n), the target pass over n tokens, and each drafter's step time, measured
+  once (`calibrate`, at the first request) and then kept fixed;
+- alpha per drafter, a running estimate from per-position accepted/tested counts with
+  a Beta-like prior (so early rounds behave) and exponential forgetting (so it tracks
+  the text), restarted at every request (`begin`).
+Keeping the timings fixed and the acceptance state per request makes K a function of
+the request's own outcomes, so a seed reproduces its sample within a process
+(`track_costs=True` keeps refining the timings online instead, at that price).
 Because T_verify is not monotone on every machine (fp32 on CPU: 3 tokens can cost
 more than 4), a pass of n tokens may be padded to the cheaper size m > n; the
 padding positions are ignored (`verify_size`).
@@ -26,6 +30,9 @@ from specdecode.core.theory import CostModel
 
 
 class KPolicy(Protocol):
+    def begin(self) -> None:
+        """A new request starts."""
+
     def choose(self, drafter: str) -> int:
         """K for the next round if `drafter` proposes (0 = do not speculate with it)."""
 
@@ -39,8 +46,9 @@ class KPolicy(Protocol):
     def wants_calibration(self) -> bool:
         """True until the target's cost curve has been measured."""
 
-    def calibrate(self, time_pass: Callable[[int], float | None]) -> None:
-        """Measure the target's pass time for the sizes the policy may use (None: size does not fit)."""
+    def calibrate(self, time_pass: Callable[[int], float | None],
+                  time_step: dict[str, Callable[[], float | None]]) -> None:
+        """Measure the target's pass time per size (None: does not fit) and each drafter's step time."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +56,9 @@ class FixedK:
     """Always K drafts (the user pinned it with --k)."""
 
     k: int
+
+    def begin(self) -> None:
+        pass
 
     def choose(self, drafter: str) -> int:
         return self.k
@@ -62,7 +73,8 @@ class FixedK:
     def wants_calibration(self) -> bool:
         return False
 
-    def calibrate(self, time_pass: Callable[[int], float | None]) -> None:
+    def calibrate(self, time_pass: Callable[[int], float | None],
+                  time_step: dict[str, Callable[[], float | None]]) -> None:
         pass
 
 
@@ -70,7 +82,6 @@ class FixedK:
 class _DrafterState:
     accepted: float = 0.0
     tested: float = 0.0
-    t_step: float | None = None
     rounds_since_tried: int = 0
 
 
@@ -85,8 +96,10 @@ class AdaptiveK:
     ema: float = 0.2  # weight of a new timing observation
     explore_every: int = 16  # try K=1 after this many rounds without drafting, to keep measuring
     pad_gain: float = 0.95  # pad only when the bigger pass is at least 5% cheaper
-    prior_c: float = 3.0  # assumed T_target / T_draft before a drafter's first round
+    prior_c: float = 3.0  # assumed T_target / T_draft for a drafter whose step time is unknown
+    track_costs: bool = False  # keep refining timings online (K then depends on timing noise)
     t_verify: dict[int, float] = field(default_factory=dict)
+    t_step: dict[str, float] = field(default_factory=dict)
     drafters: dict[str, _DrafterState] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -100,10 +113,7 @@ class AdaptiveK:
 
     def cost_model(self, drafter: str) -> CostModel:
         curve = self._effective_curve()
-        t_step = self._state(drafter).t_step
-        if t_step is None:
-            t_step = curve[0] / self.prior_c
-        return CostModel.measured(t_draft=t_step, t_verify=curve)
+        return CostModel.measured(t_draft=self.t_step.get(drafter, curve[0] / self.prior_c), t_verify=curve)
 
     def _effective_curve(self) -> list[float]:
         """T(n) for n = 1..k_max+1, each at the (possibly padded) size `verify_size` picks."""
@@ -113,12 +123,14 @@ class AdaptiveK:
         return self.t_verify.get(n, 1.0)  # flat (the documents' model) until measured
 
     # --- KPolicy -------------------------------------------------------------------------
+    def begin(self) -> None:
+        self.drafters.clear()  # acceptance evidence is per request; timings are kept
+
     def choose(self, drafter: str) -> int:
         s = self._state(drafter)
         k = self.cost_model(drafter).optimal_k(self.alpha(drafter), self.k_max)
-        untried = s.t_step is None  # its cost is a guess: measure it once before trusting the prior
-        if k == 0 and (untried or s.rounds_since_tried >= self.explore_every):
-            return 1
+        if k == 0 and s.rounds_since_tried >= self.explore_every:
+            return 1  # re-test now and then: the text may have become easier to draft
         return k
 
     def verify_size(self, n: int) -> int:
@@ -130,29 +142,35 @@ class AdaptiveK:
 
     def observe(self, drafter: str, drafted: int, accepted: int, t_draft: float, n_verified: int,
                 t_verify: float) -> None:
-        self._track(self.t_verify, n_verified, t_verify)
         for name, s in self.drafters.items():
             s.rounds_since_tried = 0 if name == drafter else s.rounds_since_tried + 1
+        if self.track_costs:
+            self._track(self.t_verify, n_verified, t_verify)
         if drafted == 0:
             return
         s = self._state(drafter)
         s.accepted = self.forget * s.accepted + accepted
         s.tested = self.forget * s.tested + min(accepted + 1, drafted)
-        step = t_draft / drafted
-        s.t_step = step if s.t_step is None else (1 - self.ema) * s.t_step + self.ema * step
+        if self.track_costs:
+            self._track(self.t_step, drafter, t_draft / drafted)
 
     def wants_calibration(self) -> bool:
         return not self.t_verify
 
-    def calibrate(self, time_pass: Callable[[int], float | None]) -> None:
+    def calibrate(self, time_pass: Callable[[int], float | None],
+                  time_step: dict[str, Callable[[], float | None]]) -> None:
         for n in range(1, self.k_max + 2):
             time_pass(n)  # warm-up: the first pass of a new shape is slower
             times = [t for t in (time_pass(n), time_pass(n)) if t is not None]
             if times:
                 self.t_verify[n] = min(times)
+        for name, measure in time_step.items():
+            times = [t for t in (measure(), measure()) if t is not None]
+            if times:
+                self.t_step[name] = min(times)
 
-    def _track(self, table: dict[int, float], n: int, t: float) -> None:
-        table[n] = t if n not in table else (1 - self.ema) * table[n] + self.ema * t
+    def _track(self, table: dict, key, t: float) -> None:
+        table[key] = t if key not in table else (1 - self.ema) * table[key] + self.ema * t
 
     def _state(self, drafter: str) -> _DrafterState:
         return self.drafters.setdefault(drafter, _DrafterState())

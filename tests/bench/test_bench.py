@@ -11,20 +11,13 @@ from specdecode.bench.methods import RunResult
 from specdecode.bench.report import predicted_speedup
 from specdecode.cli import main
 from specdecode.engine.stats import GenerationStats, RoundRecord
-from tests.tiny import CHARS, SPECIALS, char_tokenizer, tiny_model
+from tests.tiny import save_pair
 
-VOCAB = len(SPECIALS) + len(CHARS)
 
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("bench-models")
-    target = tiny_model(VOCAB, seed=21, dtype=torch.float32, scale=0.4, max_len=2048)
-    draft = tiny_model(VOCAB, seed=22, base=target, noise=0.05, dtype=torch.float32, max_len=2048)
-    for name, model in [("target", target), ("draft", draft)]:
-        model.save_pretrained(root / name)
-        char_tokenizer().save_pretrained(root / name)
-    return str(root / "target"), str(root / "draft")
+    return save_pair(tmp_path_factory.mktemp("bench-models"), seed=21, scale=0.4, noise=0.05, max_len=2048)
 
 
 def test_prompt_sets_are_complete():

@@ -6,20 +6,13 @@ import pytest
 import torch
 
 from specdecode.cli import main
-from tests.tiny import CHARS, SPECIALS, char_tokenizer, tiny_model
+from tests.tiny import save_pair
 
-VOCAB = len(SPECIALS) + len(CHARS)
 
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("audit-models")
-    target = tiny_model(VOCAB, seed=31, dtype=torch.float32, scale=0.2)
-    draft = tiny_model(VOCAB, seed=32, base=target, noise=0.1, dtype=torch.float32)
-    for name, model in [("target", target), ("draft", draft)]:
-        model.save_pretrained(root / name)
-        char_tokenizer().save_pretrained(root / name)
-    return str(root / "target"), str(root / "draft")
+    return save_pair(tmp_path_factory.mktemp("audit-models"), seed=31, scale=0.2, noise=0.1, max_len=256)
 
 
 def test_audit_json(capsys, model_dirs):

@@ -6,22 +6,13 @@ import pytest
 import torch
 
 from specdecode.cli import main
-from tests.tiny import CHARS, SPECIALS, char_tokenizer, tiny_model
+from tests.tiny import save_pair
 
-VOCAB = len(SPECIALS) + len(CHARS)
 
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    target = tiny_model(VOCAB, seed=11, dtype=torch.float32, scale=0.4)
-    draft = tiny_model(VOCAB, seed=12, base=target, noise=0.05, dtype=torch.float32)
-    dirs = []
-    for name, model in [("target", target), ("draft", draft)]:
-        model.save_pretrained(root / name)
-        char_tokenizer().save_pretrained(root / name)
-        dirs.append(str(root / name))
-    return dirs
+    return save_pair(tmp_path_factory.mktemp("models"), seed=11, scale=0.4, noise=0.05, max_len=256)
 
 
 def gen(capsys, model_dirs, *extra):

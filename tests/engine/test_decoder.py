@@ -31,6 +31,14 @@ def test_same_seed_same_output(decoder):
     assert a.tokens != c.tokens
 
 
+def test_same_seed_same_output_with_adaptive_k(decoder):
+    """Adaptive K keeps its timings fixed after calibration and its acceptance state per request,
+    so K per round, and therefore the sample a seed yields, repeats across requests."""
+    config = GenerationConfig(**{**_fields(SAMPLED), "k": None})
+    runs = [decoder.generate("def f(x):", config).tokens for _ in range(3)]
+    assert runs[0] == runs[1] == runs[2]
+
+
 def _fields(config):
     return {f: getattr(config, f) for f in config.__dataclass_fields__}
 

@@ -13,7 +13,7 @@ from specdecode.engine.policy import AdaptiveK, FixedK
 def simulate(policy: AdaptiveK, alpha: float, t_step: float, curve, rounds: int, seed: int = 0) -> list[int]:
     """Drive the policy with rounds whose acceptance is geometric(alpha) and costs are known."""
     rng = random.Random(seed)  # an explicit instance: no global RNG
-    policy.calibrate(lambda n: curve(n))
+    policy.calibrate(lambda n: curve(n), {"sim": lambda: t_step})
     chosen = []
     for _ in range(rounds):
         k = policy.choose("sim")
@@ -68,7 +68,7 @@ def test_does_not_speculate_when_it_cannot_pay():
 def test_pads_to_a_cheaper_shape():
     times = {1: 1.0, 2: 1.0, 3: 1.5, 4: 1.1, 5: 1.2}
     policy = AdaptiveK(k_max=4)
-    policy.calibrate(lambda n: times[n])
+    policy.calibrate(lambda n: times[n], {})
     assert policy.verify_size(3) == 4  # 3 tokens cost more than 4: pad
     assert policy.verify_size(2) == 2 and policy.verify_size(4) == 4
     assert policy.cost_model("x").t_verify[2] == 1.1  # the effective curve uses the padded size
@@ -76,12 +76,34 @@ def test_pads_to_a_cheaper_shape():
 
 def test_prior_keeps_early_rounds_sane():
     policy = AdaptiveK(k_max=8)
-    policy.calibrate(lambda n: 1.0)
+    policy.calibrate(lambda n: 1.0, {})
     assert policy.alpha("new") == pytest.approx(0.6)
     assert 1 <= policy.choose("new") <= 8
 
 
+def test_acceptance_state_is_per_request_and_timings_are_kept():
+    """begin() restarts alpha at the prior (so a seed reproduces its sample); timings stay."""
+    policy = AdaptiveK(k_max=8)
+    policy.calibrate(lambda n: 1.0, {"d": lambda: 0.1})
+    for _ in range(50):
+        policy.observe("d", 4, 0, 0.4, 5, 1.0)  # every draft rejected
+    assert policy.alpha("d") < 0.2 and policy.choose("d") == 0
+    policy.begin()
+    assert policy.alpha("d") == pytest.approx(0.6) and policy.choose("d") > 0
+    assert policy.t_step == {"d": 0.1} and policy.t_verify[1] == 1.0
+
+
+def test_timings_frozen_unless_tracking():
+    frozen, tracking = AdaptiveK(k_max=4), AdaptiveK(k_max=4, track_costs=True)
+    for p in (frozen, tracking):
+        p.calibrate(lambda n: 1.0, {"d": lambda: 0.1})
+        p.observe("d", 2, 1, 2.0, 3, 5.0)  # much slower than calibrated
+    assert frozen.t_step["d"] == 0.1 and frozen.t_verify[3] == 1.0
+    assert tracking.t_step["d"] > 0.1 and tracking.t_verify[3] > 1.0
+
+
 def test_fixed_k_and_validation():
     assert FixedK(3).choose("anything") == 3 and FixedK(3).verify_size(4) == 4
+    FixedK(3).begin()
     with pytest.raises(ValueError, match="k_max"):
         AdaptiveK(k_max=0)

@@ -1,0 +1,7 @@
+"""`python -m specdecode ...` == `specdecode ...`."""
+
+import sys
+
+from specdecode.cli import main
+
+sys.exit(main())

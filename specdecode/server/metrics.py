@@ -1,0 +1,44 @@
+"""Prometheus metrics, in a registry owned by the app (no process-global registry)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+from specdecode.engine.stats import GenerationStats
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("specdecode_requests", "HTTP generation requests", ["endpoint", "status"],
+                                registry=r)
+        self.tokens = Counter("specdecode_tokens_generated", "tokens generated", registry=r)
+        self.rounds = Counter("specdecode_rounds", "speculative rounds (target passes)", registry=r)
+        self.drafted = Counter("specdecode_tokens_drafted", "draft tokens proposed", registry=r)
+        self.accepted = Counter("specdecode_tokens_accepted", "draft tokens accepted", registry=r)
+        self.accepted_at = Counter("specdecode_accepted_per_position", "draft tokens accepted at position",
+                                   ["position"], registry=r)
+        self.t_draft = Counter("specdecode_draft_seconds", "time spent drafting", registry=r)
+        self.t_verify = Counter("specdecode_verify_seconds", "time spent verifying", registry=r)
+        self.mean_acceptance = Gauge("specdecode_mean_acceptance_length",
+                                     "tokens per round over all requests (bonus included)", registry=r)
+        self.running = Gauge("specdecode_running_generations", "generations in progress", registry=r)
+        self.queued = Gauge("specdecode_queued_requests", "requests waiting", registry=r)
+        self.cancelled = Counter("specdecode_cancelled", "generations stopped by client disconnect", registry=r)
+
+    def record(self, stats: GenerationStats) -> None:
+        self.tokens.inc(stats.new_tokens)
+        self.rounds.inc(stats.num_rounds)
+        self.drafted.inc(stats.drafted)
+        self.accepted.inc(stats.accepted)
+        for i, n in enumerate(stats.accepted_per_position, start=1):
+            self.accepted_at.labels(position=str(i)).inc(n)
+        self.t_draft.inc(stats.t_draft)
+        self.t_verify.inc(stats.t_verify)
+        rounds = self.rounds._value.get()
+        if rounds:
+            self.mean_acceptance.set(self.tokens._value.get() / rounds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
