@@ -92,6 +92,7 @@ def run_benchmark(methods: list[Method], encode, config: BenchConfig, exact_dtyp
     errors: list[str] = []
     divergences: list[str] = []
     bar = tqdm(total=total, desc="benchmark", disable=not progress, unit="run")
+    rotation = 0  # each repetition starts the method order one place further: no method always goes first
     first = next(iter(prompts.values()))[0]
     warm_ids = encode(first["prompt"], first["chat"])
     for _ in range(config.warmup):
@@ -106,8 +107,9 @@ def run_benchmark(methods: list[Method], encode, config: BenchConfig, exact_dtyp
                 ids = encode(item["prompt"], item["chat"])
                 cells = {m.name: Cell() for m in methods}
                 for rep in range(config.reps):
-                    shift = (rep + len(results)) % len(methods)
-                    for method in methods[shift:] + methods[:shift]:  # rotating order
+                    shift = rotation % len(methods)
+                    rotation += 1
+                    for method in methods[shift:] + methods[:shift]:
                         bar.set_postfix_str(f"{set_name}/{item['id']}/{mode}/{method.name}", refresh=False)
                         cells[method.name].runs.append(method.run(ids, sampling, config.seed + rep,
                                                                   config.max_new_tokens))
