@@ -146,6 +146,7 @@ def plot(summary: dict, k_sweep: list[int], path: Path, mode: str = "greedy") ->
         ax.plot(ks, [rows[f"model K={k}"].get("predicted") or float("nan") for k in ks], "s--", color=color,
                 alpha=0.6, label=f"{set_name} predicted")
     ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xticks(k_sweep)
     ax.set_xlabel("K (draft tokens per round, draft model)")
     ax.set_ylabel("speedup over plain decoding")
     ax.set_title(f"Speculative decoding, {mode}: measured vs predicted")

@@ -27,6 +27,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="int8 weights for the draft (default: on for CPU; exactness is unaffected)")
     p.add_argument("--draft-vocab", type=int, default=None,
                    help="restrict the draft's output head to the N most frequent tokens (0 = full)")
+    p.add_argument("--draft-confidence", type=float, default=0.0,
+                   help="end a draft early when the draft's top probability is below this (default 0 = off)")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -69,7 +71,8 @@ def load_decoder(args: argparse.Namespace, speculative: bool = True):
 
     return SpeculativeDecoder.load(args.target, args.draft, drafter=args.drafter, dtype=args.dtype,
                                    device=args.device, draft_int8=args.draft_int8, draft_vocab=args.draft_vocab,
-                                   speculative=speculative, progress=not getattr(args, "json", False))
+                                   draft_confidence=args.draft_confidence, speculative=speculative,
+                                   progress=not getattr(args, "json", False))
 
 
 def run_generate(args: argparse.Namespace) -> int:

@@ -55,7 +55,7 @@ class ModelDrafter:
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         t0 = time.perf_counter()
-        for i in range(k):
+        for _ in range(k):
             logits = self.model.forward(feed, n_logits=1)
             self._fed.extend(feed)
             if self.min_confidence and float(torch.softmax(logits[0].float(), -1).max()) < self.min_confidence:

@@ -63,7 +63,7 @@ class SpeculativeDecoder:
     @classmethod
     def load(cls, target: str | None = None, draft: str | None = None, *, drafter: str = "auto",
              dtype: str = "auto", device: str = "auto", draft_int8: bool | None = None,
-             draft_vocab: int | None = None, speculative: bool = True,
+             draft_vocab: int | None = None, draft_confidence: float = 0.0, speculative: bool = True,
              progress: bool = True) -> "SpeculativeDecoder":
         """Load target and draft: None = the embedded pair; else a model directory or a .gguf file.
 
@@ -71,6 +71,8 @@ class SpeculativeDecoder:
         (lookup when it finds a match, else the draft model).
         draft_int8 / draft_vocab: make the draft cheaper (exactness is unaffected; see
         backends/cheap.py). None = the measured default for the device.
+        draft_confidence: stop a draft early when the draft's top probability falls below it
+        (0 = off; speed only, the output law is unchanged).
         """
         from specdecode.backends.weights import load_model  # heavy imports only when loading
 
@@ -86,7 +88,7 @@ class SpeculativeDecoder:
             draft_model, draft_tokenizer = load_model(draft, "draft", torch_dtype, device, progress=progress)
             check_compatible(target_model, tokenizer, draft_model, draft_tokenizer)
             make_cheaper(draft_model, tokenizer, device, draft_int8, draft_vocab)
-            drafters.append(ModelDrafter(draft_model))
+            drafters.append(ModelDrafter(draft_model, min_confidence=draft_confidence))
         return cls(target_model, tokenizer, drafters)
 
     def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:

@@ -4,7 +4,6 @@ checks greedy identity inside the benchmark, and its analysis is sound (no timin
 import json
 
 import pytest
-import torch
 
 from specdecode.bench.harness import BenchConfig, Cell, load_prompts
 from specdecode.bench.methods import RunResult

@@ -3,7 +3,6 @@
 import json
 
 import pytest
-import torch
 
 from specdecode.cli import main
 from tests.tiny import save_pair

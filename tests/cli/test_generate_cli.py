@@ -3,7 +3,6 @@
 import json
 
 import pytest
-import torch
 
 from specdecode.cli import main
 from tests.tiny import save_pair
@@ -57,6 +56,12 @@ def test_lookup_drafter_loads_no_draft_model(capsys, model_dirs):
     assert rc == 0 and set(doc["stats"]["drafter_per_round"]) <= {"lookup", "none"}
 
 
+def test_confidence_stop_flag(capsys, model_dirs):
+    rc, out = gen(capsys, model_dirs, "--json", "--drafter", "model", "--k", "6", "--draft-confidence", "0.9")
+    doc = json.loads(out.out.strip().splitlines()[-1])
+    assert rc == 0 and max(doc["stats"]["k_per_round"]) <= 6
+
+
 def test_no_spec(capsys, model_dirs):
     rc, out = gen(capsys, model_dirs, "--no-spec", "--json")
     doc = json.loads(out.out.strip().splitlines()[-1])
@@ -69,6 +74,7 @@ def test_no_spec(capsys, model_dirs):
     (["--top-p", "0"], "top_p must be in (0, 1]"),
     (["--draft", "/no/such/dir"], "does not exist"),
     (["--dtype", "int3"], "unknown dtype"),
+    (["--draft-confidence", "1.5"], "min_confidence must be in [0, 1)"),
 ])
 def test_bad_input_is_one_clear_line(capsys, model_dirs, extra, message):
     rc, out = gen(capsys, model_dirs, *extra)

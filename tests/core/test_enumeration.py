@@ -13,7 +13,6 @@ import itertools
 from collections import defaultdict
 
 import pytest
-import torch
 
 from specdecode.core.probs import SamplingParams
 from tests.toy import ToyModel

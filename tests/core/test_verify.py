@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdecode.core.probs import GREEDY, SamplingParams, logits_to_probs, sample
+from specdecode.core.probs import SamplingParams, sample
 from specdecode.core.verify import Randomness, VerifyResult, verify, verify_reference
 from specdecode.stats import chi_square
 from tests.toy import ToyModel

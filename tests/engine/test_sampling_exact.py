@@ -13,7 +13,7 @@ import itertools
 import pytest
 import torch
 
-from specdecode.core.probs import SamplingParams, logits_to_probs, sample
+from specdecode.core.probs import SamplingParams, logits_to_probs
 from specdecode.drafters.lookup import LookupDrafter
 from specdecode.drafters.model import ModelDrafter
 from specdecode.drafters.protocol import Proposal

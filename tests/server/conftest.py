@@ -9,7 +9,6 @@ import time
 
 import httpx
 import pytest
-import torch
 
 from tests.tiny import save_pair
 
