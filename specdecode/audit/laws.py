@@ -16,28 +16,18 @@ from specdecode.backends.protocol import Model
 from specdecode.core.probs import SamplingParams, logits_to_probs
 from specdecode.core.verify import verify
 from specdecode.drafters.protocol import Drafter
-from specdecode.engine.loop import VerifyRule, speculative_round
+from specdecode.engine.loop import VerifyRule, prefill, speculative_round
 from specdecode.engine.policy import KPolicy
 
 UNBOUNDED = 1 << 30  # no token budget inside a round: the audit wants full K rounds
-
-
-def prefill(target: Model, drafters: Sequence[Drafter], prefix: Sequence[int]) -> int:
-    """Load the prefix (all but its last token) into the target cache; return that length."""
-    if len(prefix) < 1:
-        raise ValueError("the audit prompt is empty")
-    target.truncate(0)
-    for d in drafters:
-        d.reset()
-    if len(prefix) > 1:
-        target.forward(list(prefix[:-1]), n_logits=1)
-    return target.length
 
 
 def sample_first_tokens(target: Model, drafters: Sequence[Drafter], policy: KPolicy, prefix: Sequence[int],
                         params: SamplingParams, n_samples: int, n_tokens: int, generator: torch.Generator,
                         rule: VerifyRule = verify, tick: Callable[[], None] | None = None) -> list[tuple[int, ...]]:
     """n_samples independent draws of the first n_tokens the engine emits after `prefix`."""
+    if not prefix:
+        raise ValueError("the audit prompt is empty")
     base = prefill(target, drafters, prefix)
     policy.begin()
     out = []
@@ -56,12 +46,17 @@ def sample_first_tokens(target: Model, drafters: Sequence[Drafter], policy: KPol
     return out
 
 
+def next_logits(target: Model, prefix: Sequence[int]) -> torch.Tensor:
+    """The target's next-token logits after `prefix` (a fresh prefill, as the engine would do it)."""
+    base = prefill(target, [], prefix)
+    logits = target.forward([prefix[-1]], 1)[0]
+    target.truncate(base)
+    return logits
+
+
 def next_token_law(target: Model, prefix: Sequence[int], params: SamplingParams) -> torch.Tensor:
     """p(. | prefix) after the same processing the engine applies."""
-    base = prefill(target, [], prefix)
-    p = logits_to_probs(target.forward([prefix[-1]], 1)[0], params).double()
-    target.truncate(base)
-    return p
+    return logits_to_probs(next_logits(target, prefix), params).double()
 
 
 def two_token_law(target: Model, prefix: Sequence[int], params: SamplingParams, mass: float = 0.99,
@@ -71,9 +66,8 @@ def two_token_law(target: Model, prefix: Sequence[int], params: SamplingParams, 
     y1 ranges over the smallest top set covering `mass` (at most max_branch tokens), and
     for each y1 so does y2; everything else is one merged "rest" cell.
     """
-    base = prefill(target, [], prefix)
-    p1 = logits_to_probs(target.forward([prefix[-1]], 1)[0], params).double()
-    target.truncate(base)
+    p1 = next_token_law(target, prefix, params)
+    base = target.length  # next_logits left the prefix (minus its last token) in the cache
     cells: dict[tuple[int, int], float] = {}
     for y1 in _top_set(p1, mass, max_branch):
         p2 = logits_to_probs(target.forward([prefix[-1], y1], 1)[0], params).double()

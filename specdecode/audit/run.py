@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from specdecode.audit.checks import LawCheck, law_check
 from specdecode.audit.controls import CONTROLS
-from specdecode.audit.laws import next_token_law, prefill, sample_first_tokens, two_token_law
+from specdecode.audit.laws import next_logits, next_token_law, sample_first_tokens, two_token_law
 from specdecode.backends.protocol import Model
 from specdecode.core.probs import GREEDY, SamplingParams
 from specdecode.core.verify import verify
@@ -170,9 +170,7 @@ def _numerical_tie(target: Model, context: list[int], plain: list[int], spec: li
     """Is the divergence a near-tie of the target's logits (bf16/fp16 rounding), or a real difference?"""
     if at >= len(plain) or at >= len(spec):
         return False, float("inf")
-    base = prefill(target, [], context)
-    logits = target.forward([context[-1]], 1)[0].float()
-    target.truncate(base)
+    logits = next_logits(target, context).float()
     gap = abs(float(logits[plain[at]] - logits[spec[at]]))
     dtype = _dtype(target)
     if dtype in (torch.float32, torch.float64):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
 from dataclasses import dataclass, field
 from importlib import resources
 
@@ -23,6 +22,7 @@ from tqdm.auto import tqdm
 from specdecode.backends.hf import HFModel
 from specdecode.bench.methods import BASELINE, Method, RunResult
 from specdecode.core.probs import GREEDY, SamplingParams
+from specdecode.engine.loop import prefill, time_pass
 
 SAMPLED = SamplingParams(temperature=0.7)
 MODES = {"greedy": GREEDY, "sampled": SAMPLED}
@@ -66,20 +66,11 @@ def load_prompts(name: str) -> list[dict]:
 
 def measure_cost_curve(target: HFModel, ids: list[int], max_n: int, reps: int = 3) -> list[float]:
     """Median wall time of a target pass over n = 1..max_n tokens after the prompt."""
-    target.truncate(0)
-    target.forward(ids[:-1], 1)
-    base = target.length
+    prefill(target, [], ids)
     curve = []
     for n in range(1, max_n + 1):
-        target.forward([ids[-1]] * n, n)  # warm-up: the first pass of a new shape is slower
-        target.truncate(base)
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            target.forward([ids[-1]] * n, n)
-            times.append(time.perf_counter() - t0)
-            target.truncate(base)
-        curve.append(statistics.median(times))
+        time_pass(target, ids[-1], n)  # warm-up: the first pass of a new shape is slower
+        curve.append(statistics.median(time_pass(target, ids[-1], n) for _ in range(reps)))
     return curve
 
 

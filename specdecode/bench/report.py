@@ -69,27 +69,22 @@ def _metrics(cells: list[Cell], base: list[Cell], curve: list[float]) -> dict:
     runs = [r for c in cells for r in c.runs if r.stats is not None]
     if not runs or not any(r.stats.drafted for r in runs):
         return m
-    acc = _pool([r.stats.accepted_per_position for r in runs])
-    tested = _pool([r.stats.reached_per_position for r in runs])
-    spec_rounds = [x for r in runs for x in r.stats.rounds if x.drafted]
-    steps = sum(x.drafted for x in spec_rounds)
-    t_draft = sum(x.t_draft for x in spec_rounds)
+    pooled = GenerationStats()  # every round of every run: the per-request definitions, pooled
+    for r in runs:
+        for record in r.stats.rounds:
+            pooled.add_round(record)
     predicted = [p for p in (predicted_speedup(r.stats, curve) for r in runs) if p]
     m.update({
-        "alpha": sum(acc) / sum(tested) if sum(tested) else None,
-        "per_position": [a / t if t else None for a, t in zip(acc, tested)],
-        "mean_acceptance_length": sum(r.stats.new_tokens for r in runs) / sum(r.stats.num_rounds for r in runs),
-        "mean_k": statistics.mean(x.drafted for r in runs for x in r.stats.rounds),
-        "c": (statistics.mean(x.t_verify for x in spec_rounds) / (t_draft / steps)) if t_draft > 0 else None,
+        "alpha": pooled.alpha,
+        "per_position": [a / t if t else None
+                         for a, t in zip(pooled.accepted_per_position, pooled.reached_per_position)],
+        "mean_acceptance_length": pooled.mean_acceptance_length,
+        "mean_k": statistics.mean(pooled.k_per_round),  # plain (K = 0) rounds included
+        "c": pooled.c,
         "predicted": _geomean(predicted) if predicted else None,
     })
     m["efficiency"] = m["speedup"] / m["predicted"] if m["predicted"] else None
     return m
-
-
-def _pool(lists: list[list[int]]) -> list[int]:
-    width = max((len(x) for x in lists), default=0)
-    return [sum(x[i] for x in lists if i < len(x)) for i in range(width)]
 
 
 def _geomean(xs: list[float]) -> float:

@@ -64,14 +64,10 @@ def generate_tokens(target: Model, drafters: Sequence[Drafter], prompt: Sequence
     generator = torch.Generator().manual_seed(config.seed)
 
     t0 = time.perf_counter()
-    target.truncate(0)
-    for d in drafters:
-        d.reset()
-    if len(prompt) > 1:
-        target.forward(prompt[:-1], n_logits=1)
+    prefill(target, drafters, prompt)
     policy.begin()
     if drafters and policy.wants_calibration():
-        policy.calibrate(lambda n: _time_pass(target, prompt[-1], n),
+        policy.calibrate(lambda n: time_pass(target, prompt[-1], n),
                          {d.name: (lambda d=d: _time_step(d, prompt, params)) for d in drafters})
     stats.t_prefill = time.perf_counter() - t0
 
@@ -99,6 +95,17 @@ def generate_tokens(target: Model, drafters: Sequence[Drafter], prompt: Sequence
         yield Round(emitted, sources)
         if emitted[-1] in eos_ids:
             return
+
+
+def prefill(target: Model, drafters: Sequence[Drafter], prompt: Sequence[int]) -> int:
+    """Start a sequence: empty caches, then the prompt minus its last token (the first `pending`)
+    into the target. Returns the target's cache length, to restore the prefix later by truncating."""
+    target.truncate(0)
+    for d in drafters:
+        d.reset()
+    if len(prompt) > 1:
+        target.forward(list(prompt[:-1]), n_logits=1)
+    return target.length
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +183,7 @@ def _time_step(drafter: Drafter, prompt: list[int], params: SamplingParams) -> f
     return elapsed / max(1, len(proposal.tokens))  # e.g. lookup: the cost of looking
 
 
-def _time_pass(target: Model, token: int, n: int) -> float | None:
+def time_pass(target: Model, token: int, n: int) -> float | None:
     """Wall time of one target pass over n tokens, leaving the cache as it was (None: no room)."""
     length = target.length
     if length + n > target.max_length:
