@@ -113,7 +113,14 @@ def sample_with_noise(weights: torch.Tensor, noise: torch.Tensor) -> torch.Tenso
     return torch.argmax(weights.to(noise.dtype) / noise.clamp_min(tiny), dim=-1)
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """Draw one index per row of `probs` [..., V] using an explicit generator."""
+def sample(probs: torch.Tensor, generator: torch.Generator | None, greedy: bool = False) -> torch.Tensor:
+    """Draw one index per row of `probs` [..., V] using an explicit generator.
+
+    greedy=True says the rows are one-hot (`logits_to_probs` at temperature 0): the
+    only possible index is the argmax, so no noise is drawn (it would cost a V-sized
+    pass of exponentials per token for the same result).
+    """
+    if greedy:
+        return torch.argmax(probs, dim=-1)
     noise = exponential_noise(tuple(probs.shape), generator, dtype=probs.dtype, device=probs.device)
     return sample_with_noise(probs, noise)

@@ -61,7 +61,7 @@ class ModelDrafter:
             if self.min_confidence and float(torch.softmax(logits[0].float(), -1).max()) < self.min_confidence:
                 break
             q_i = logits_to_probs(logits[0], params)
-            x = int(sample(q_i, generator))
+            x = int(sample(q_i, generator, greedy=params.greedy))
             tokens.append(x)
             rows.append(q_i)
             feed = [x]  # the last draft is not fed this round: the next sync catches it up

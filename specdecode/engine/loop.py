@@ -149,7 +149,7 @@ def speculative_round(target: Model, drafters: Sequence[Drafter], policy: KPolic
         target.truncate(target.length - (size - 1 - n))  # keep pending + the n accepted drafts
         drafter.observe(len(drafts), n)
     else:
-        n, emitted, sources = 0, [int(sample(p[0], generator))], [TARGET]
+        n, emitted, sources = 0, [int(sample(p[0], generator, greedy=params.greedy))], [TARGET]
     t2 = time.perf_counter()
     t_step = 0.0
     if drafts:

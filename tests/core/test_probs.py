@@ -110,3 +110,12 @@ def test_zero_weights_never_sampled():
     probs = torch.tensor([0.0, 0.6, 0.0, 0.4], dtype=torch.float64).expand(5000, 4)
     tokens = sample(probs, torch.Generator().manual_seed(0))
     assert set(tokens.tolist()) <= {1, 3}
+
+
+def test_greedy_sample_is_the_argmax_and_draws_no_noise():
+    probs = logits_to_probs(torch.tensor([[0.1, 2.0, -1.0], [3.0, 0.0, 0.5]]), GREEDY)
+    g = torch.Generator().manual_seed(7)
+    state = g.get_state()
+    assert sample(probs, g, greedy=True).tolist() == [1, 0]
+    assert torch.equal(g.get_state(), state)  # the random stream is untouched
+    assert sample(probs, torch.Generator().manual_seed(7)).tolist() == [1, 0]  # same as the noisy path

@@ -77,7 +77,7 @@ def test_pads_to_a_cheaper_shape():
 def test_prior_keeps_early_rounds_sane():
     policy = AdaptiveK(k_max=8)
     policy.calibrate(lambda n: 1.0, {})
-    assert policy.alpha("new") == pytest.approx(0.6)
+    assert policy.alpha("new") == pytest.approx(policy.prior_alpha)
     assert 1 <= policy.choose("new") <= 8
 
 
@@ -89,7 +89,7 @@ def test_acceptance_state_is_per_request_and_timings_are_kept():
         policy.observe("d", 4, 0, 0.4, 5, 1.0)  # every draft rejected
     assert policy.alpha("d") < 0.2 and policy.choose("d") == 0
     policy.begin()
-    assert policy.alpha("d") == pytest.approx(0.6) and policy.choose("d") > 0
+    assert policy.alpha("d") == pytest.approx(policy.prior_alpha) and policy.choose("d") > 0
     assert policy.t_step == {"d": 0.1} and policy.t_verify[1] == 1.0
 
 
@@ -102,8 +102,37 @@ def test_timings_frozen_unless_tracking():
     assert tracking.t_step["d"] > 0.1 and tracking.t_verify[3] > 1.0
 
 
+def test_calibration_interleaves_sizes_and_takes_medians():
+    """Each sweep times every size and every drafter (a slow spell hits all alike); the warm-up
+    sweep is discarded and a single spike does not move the median."""
+    calls: list[object] = []
+    spikes = {(1, 2): 9.0, ("d", 3): 9.0}  # (size or drafter, sweep) -> an outlier time
+
+    def time_pass(n):
+        calls.append(n)
+        return spikes.get((n, calls.count(n) - 1), 1.0 + n / 10)
+
+    def time_step():
+        calls.append("d")
+        return spikes.get(("d", calls.count("d") - 1), 0.2)
+
+    policy = AdaptiveK(k_max=2, sweeps=3)
+    policy.calibrate(time_pass, {"d": time_step})
+    assert calls == [1, 2, 3, "d"] * 4  # one warm-up sweep and three measured, interleaved
+    assert policy.t_verify == pytest.approx({1: 1.1, 2: 1.2, 3: 1.3})
+    assert policy.t_step == pytest.approx({"d": 0.2})
+
+
+def test_calibration_skips_sizes_that_do_not_fit():
+    policy = AdaptiveK(k_max=4)
+    policy.calibrate(lambda n: None if n > 3 else 1.0, {})
+    assert sorted(policy.t_verify) == [1, 2, 3]
+
+
 def test_fixed_k_and_validation():
     assert FixedK(3).choose("anything") == 3 and FixedK(3).verify_size(4) == 4
     FixedK(3).begin()
     with pytest.raises(ValueError, match="k_max"):
         AdaptiveK(k_max=0)
+    with pytest.raises(ValueError, match="sweeps"):
+        AdaptiveK(sweeps=0)
