@@ -23,6 +23,7 @@ from specdecode.backends.hf import HFModel
 from specdecode.bench.methods import BASELINE, Method, RunResult
 from specdecode.core.probs import GREEDY, SamplingParams
 from specdecode.engine.loop import prefill, time_pass
+from specdecode.engine.policy import interleaved_medians
 
 SAMPLED = SamplingParams(temperature=0.7)
 MODES = {"greedy": GREEDY, "sampled": SAMPLED}
@@ -65,13 +66,12 @@ def load_prompts(name: str) -> list[dict]:
 
 
 def measure_cost_curve(target: HFModel, ids: list[int], max_n: int, reps: int = 3) -> list[float]:
-    """Median wall time of a target pass over n = 1..max_n tokens after the prompt."""
+    """Median wall time of a target pass over n = 1..max_n tokens after the prompt, timed in
+    interleaved sweeps like the adaptive-K calibration (a slow spell hits every size alike)."""
     prefill(target, [], ids)
-    curve = []
-    for n in range(1, max_n + 1):
-        time_pass(target, ids[-1], n)  # warm-up: the first pass of a new shape is slower
-        curve.append(statistics.median(time_pass(target, ids[-1], n) for _ in range(reps)))
-    return curve
+    medians = interleaved_medians({n: (lambda n=n: time_pass(target, ids[-1], n)) for n in range(1, max_n + 1)},
+                                  reps)
+    return [medians[n] for n in range(1, max_n + 1)]
 
 
 def run_benchmark(methods: list[Method], encode, config: BenchConfig, exact_dtype: bool,

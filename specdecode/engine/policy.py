@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable, Hashable, Protocol
 
 from specdecode.core.theory import CostModel
 
@@ -174,16 +174,11 @@ class AdaptiveK:
         alike, so the curve's shape and the draft/target ratio, which are all K depends on,
         survive noise that moves their level (timed size by size, T(1) varied 130-250 ms here).
         """
-        sizes = range(1, self.k_max + 2)
-        passes: dict[int, list[float]] = {n: [] for n in sizes}
-        steps: dict[str, list[float]] = {name: [] for name in time_step}
-        for sweep in range(1 + self.sweeps):
-            for n in sizes:
-                _record(passes[n], time_pass(n), keep=sweep > 0)
-            for name, measure in time_step.items():
-                _record(steps[name], measure(), keep=sweep > 0)
-        self.t_verify = {n: statistics.median(ts) for n, ts in passes.items() if ts}
-        self.t_step = {name: statistics.median(ts) for name, ts in steps.items() if ts}
+        medians = interleaved_medians(
+            {**{("pass", n): (lambda n=n: time_pass(n)) for n in range(1, self.k_max + 2)},
+             **{("step", name): measure for name, measure in time_step.items()}}, self.sweeps)
+        self.t_verify = {n: t for (kind, n), t in medians.items() if kind == "pass"}
+        self.t_step = {name: t for (kind, name), t in medians.items() if kind == "step"}
 
     def _track(self, table: dict, key, t: float) -> None:
         table[key] = t if key not in table else (1 - self.ema) * table[key] + self.ema * t
@@ -192,6 +187,14 @@ class AdaptiveK:
         return self.drafters.setdefault(drafter, _DrafterState())
 
 
-def _record(samples: list[float], t: float | None, keep: bool) -> None:
-    if keep and t is not None:  # None: the size does not fit in the context
-        samples.append(t)
+def interleaved_medians(measures: dict[Hashable, Callable[[], float | None]], sweeps: int) -> dict[Hashable, float]:
+    """One warm-up sweep, then `sweeps` sweeps that each call every measure in turn; the median
+    per key (a measure returns None when it cannot run, e.g. a pass that does not fit; a key
+    with no time at all is left out)."""
+    samples: dict[Hashable, list[float]] = {key: [] for key in measures}
+    for sweep in range(1 + sweeps):
+        for key, measure in measures.items():
+            t = measure()
+            if sweep > 0 and t is not None:
+                samples[key].append(t)
+    return {key: statistics.median(ts) for key, ts in samples.items() if ts}
