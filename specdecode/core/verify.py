@@ -15,8 +15,9 @@ Labelled deviations from the textbook form, none of which changes the law:
 - `u * q < p` instead of `u <= p / q`: no division, so q(x) = 0 cannot make NaN.
   A drafted token with q(x) = 0 is rejected outright (it cannot have been drawn
   from q; the input is inconsistent and rejecting is the safe reading).
-- strict `<` with u in [0, 1): P(u < r) = r exactly, and p(x) = 0 is never accepted
-  even when u == 0.
+- strict `<` with u in [0, 1): P(u < r) = r exactly (up to float64 resolution: the
+  test runs in float64 whatever p's dtype, u is a float64 uniform), and p(x) = 0 is
+  never accepted even when u == 0.
 - the residual is sampled unnormalised (exponential race, `probs.sample_with_noise`);
   if it is all zero (p == q up to rounding, where rejection has probability 0 in
   exact arithmetic) we sample from p instead of dividing by zero.
@@ -88,7 +89,9 @@ def verify(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
     p_x = p[:, :K].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)  # p_i(x_i)
     q_x = torch.ones_like(p_x) if q is None else q.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
     real = torch.arange(K, device=p.device) < lengths.unsqueeze(-1)
-    accept = real & (q_x > 0) & (rand.u.to(p.dtype) * q_x < p_x)
+    # the accept test in float64 whatever p's dtype (float32 -> float64 is exact): rounding u to
+    # float32 would move P(u < r) off r by up to 2^-24 (e.g. u just below r rounds up to r)
+    accept = real & (q_x > 0) & (rand.u.to(torch.float64) * q_x.to(torch.float64) < p_x.to(torch.float64))
     n = accept.long().cumprod(dim=-1).sum(dim=-1)  # drafts accepted before the first rejection
 
     p_next = p[rows, n]  # p_{n+1}: residual row if rejected, bonus row if n == lengths
@@ -117,7 +120,7 @@ def verify_reference(draft_tokens: list[int], q: torch.Tensor | None, p: torch.T
     emitted: list[int] = []
     for i, x in enumerate(draft_tokens):
         q_i = torch.zeros_like(p[i]).index_fill_(0, torch.tensor([x]), 1.0) if q is None else q[i]
-        if q_i[x] > 0 and u[i].to(p.dtype) * q_i[x] < p[i, x]:
+        if q_i[x] > 0 and u[i].to(torch.float64) * q_i[x].to(torch.float64) < p[i, x].to(torch.float64):
             emitted.append(x)
             continue
         residual = (p[i] - q_i).clamp_min(0)

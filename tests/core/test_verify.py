@@ -104,6 +104,20 @@ def test_p_zero_never_accepted_even_with_u_zero():
     assert verify(torch.tensor([[1]]), q, p, rand).emitted(0) == [0]
 
 
+def test_accept_test_is_float64_for_float32_p():
+    """P(u < r) = r needs u compared at full precision: a u just below r = p(x) = 0.5 must be
+    accepted even when p is float32 (rounded to float32, u becomes 0.5 and 0.5 < 0.5 fails),
+    and a u just above r must be rejected. Batched and reference agree."""
+    p = torch.tensor([[[0.5, 0.5], [0.5, 0.5]]], dtype=torch.float32)
+    noise = torch.ones(1, 2, dtype=torch.float64)
+    for u, accepted in [(0.5 - 2.0 ** -40, True), (0.5 + 2.0 ** -40, False)]:
+        u_t = torch.tensor([[u]], dtype=torch.float64)
+        n = int(verify(torch.tensor([[1]]), None, p, Randomness(u_t, noise)).n_accepted[0])
+        assert n == int(accepted), u
+        ref = verify_reference([1], None, p[0], u_t[0], noise[0])
+        assert (len(ref) == 2) == accepted, u
+
+
 def test_rows_are_independent_of_the_batch():
     """No normalisation across the batch: a row's result does not depend on its neighbours."""
     g = torch.Generator().manual_seed(11)
