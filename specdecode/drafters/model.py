@@ -10,6 +10,10 @@ pass. That one mechanism covers both rollback cases:
 A longer catch-up (the prompt, or text emitted while the drafter sat out) is fed
 as its own pass, so the reported per-step time is the marginal cost of a draft token.
 
+The draft never runs past its own context (`model.max_length`), which may be shorter
+than the target's: K is cut to the room left, and once the context itself no longer
+fits, the drafter proposes nothing and the loop takes plain target steps.
+
 Confidence stop (optional): drafting ends early when the draft's own top
 probability (of its raw, temperature-1 distribution, so it also works for greedy)
 falls below `min_confidence`. It decides only how many tokens to propose, from the
@@ -44,6 +48,10 @@ class ModelDrafter:
 
     def propose(self, context: Sequence[int], k: int, params: SamplingParams,
                 generator: torch.Generator) -> Proposal:
+        # Never run past the draft's own context (it may be shorter than the target's): drafting
+        # k tokens feeds len(context) + k - 1 of them (the last draft is not fed). With no room
+        # for even the context, propose nothing: the loop then takes a plain target step.
+        k = min(k, self.model.max_length - len(context) + 1)
         if k < 1:
             return Proposal([], None)
         self._rollback_to_common_prefix(context)
