@@ -16,6 +16,7 @@ and the tests' oracle) is this same loop with no drafters.
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
@@ -73,11 +74,16 @@ def generate_tokens(target: Model, drafters: Sequence[Drafter], prompt: Sequence
 
     context = prompt
     produced = 0
+    owner = _claim(target)
     while produced < config.max_new_tokens:
+        _check_owner(target, owner, context)
         budget = config.max_new_tokens - produced
         if target.length + 1 > target.max_length:
             return  # the context is full
         out = speculative_round(target, drafters, policy, context, budget - 1, params, generator, rule)
+        # The policy learns from the whole verification, drafts after an EOS included: they were
+        # drafted and judged by the target like any other, so they are honest evidence of the
+        # acceptance rate and of the pass's cost (and the request ends with this round anyway).
         policy.observe(out.drafter, out.drafted, out.accepted, out.t_step * out.drafted, out.verified, out.t_verify)
         emitted, sources = out.tokens, out.sources
         for i, tok in enumerate(emitted):  # stop at EOS inside an accepted run
@@ -85,9 +91,13 @@ def generate_tokens(target: Model, drafters: Sequence[Drafter], prompt: Sequence
                 emitted, sources = emitted[: i + 1], sources[: i + 1]
                 break
         emitted, sources = emitted[:budget], sources[:budget]
-        stats.add_round(RoundRecord(drafter=out.drafter, drafted=out.drafted, accepted=out.accepted,
+        # The statistics describe the output: only drafts up to the EOS count as accepted and
+        # tested (drafts past it are not in the output; counting them would skew alpha).
+        accepted = min(out.accepted, len(emitted))
+        stats.add_round(RoundRecord(drafter=out.drafter, drafted=out.drafted, accepted=accepted,
                                     emitted=len(emitted), t_draft=out.t_draft, t_verify=out.t_verify,
-                                    verified=out.verified))
+                                    verified=out.verified,
+                                    tested=accepted if accepted < out.accepted else None))
         context = context + emitted
         produced += len(emitted)
         if emitted[-1] in eos_ids:
@@ -95,6 +105,30 @@ def generate_tokens(target: Model, drafters: Sequence[Drafter], prompt: Sequence
         yield Round(emitted, sources)
         if emitted[-1] in eos_ids:
             return
+
+
+# Which generation currently owns each target's cache (see _check_owner).
+_OWNERS: "weakref.WeakKeyDictionary[Model, object]" = weakref.WeakKeyDictionary()
+
+
+def _claim(target: Model) -> object:
+    """Mark `target`'s cache as this generation's (a later generation on it takes over)."""
+    owner = object()
+    try:
+        _OWNERS[target] = owner
+    except TypeError:  # not weak-referenceable: the length check alone guards it
+        pass
+    return owner
+
+
+def _check_owner(target: Model, owner: object, context: list[int]) -> None:
+    """The loop's invariant (the cache holds context[:-1]) breaks when another generation used
+    the same target in between, e.g. two `stream()` generators of one decoder advanced in turn.
+    Detect it (ownership, and the cheap length check) instead of silently corrupting both."""
+    if _OWNERS.get(target, owner) is not owner or target.length != len(context) - 1:
+        raise RuntimeError(f"{target.name} is already generating another sequence (its cache no longer "
+                           f"holds this generation's context): one decoder serves one generation at a "
+                           f"time; use a decoder per concurrent stream")
 
 
 def prefill(target: Model, drafters: Sequence[Drafter], prompt: Sequence[int]) -> int:

@@ -16,6 +16,9 @@ class RoundRecord:
     t_draft: float
     t_verify: float
     verified: int = 0  # tokens in the target pass (drafted + 1, plus any padding)
+    # draft positions that count as tested (None: min(accepted + 1, drafted), the positions up to
+    # the first rejection); fewer when an EOS inside the accepted run ends the output early
+    tested: int | None = None
 
 
 @dataclass
@@ -35,7 +38,7 @@ class GenerationStats:
     def add_round(self, record: RoundRecord) -> None:
         self.rounds.append(record)
         self.new_tokens += record.emitted
-        reached = min(record.accepted + 1, record.drafted)
+        reached = min(record.accepted + 1, record.drafted) if record.tested is None else record.tested
         grow = reached - len(self.reached_per_position)
         if grow > 0:
             self.reached_per_position += [0] * grow

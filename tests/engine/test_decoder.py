@@ -75,6 +75,27 @@ def test_stop_string_truncates_text(decoder):
     assert gen.finish_reason == "stop"
 
 
+@pytest.mark.parametrize("same_prompt", [False, True])
+def test_interleaved_streams_of_one_decoder_raise(decoder, same_prompt):
+    """Two stream() generators of one decoder advanced in turn share one target cache: the older
+    one must raise a clear error instead of continuing from the other's cache, and the newer one
+    (which owns the cache now) must stay correct. same_prompt: equal prompt lengths, so only the
+    ownership check (not the cache-length check) can tell them apart."""
+    config_a = GenerationConfig(**{**_fields(SAMPLED), "seed": 1})
+    config_b = GenerationConfig(**{**_fields(SAMPLED), "seed": 2})
+    prompt_b = "hello" if same_prompt else "a longer prompt"
+    a = decoder.stream("hello", config_a)
+    b = decoder.stream(prompt_b, config_b)
+    next(a)
+    first_b = next(b)
+    with pytest.raises(RuntimeError, match="already generating another sequence.*decoder per concurrent stream"):
+        next(a)
+    rest_b = list(b)
+    expected = decoder.generate(prompt_b, config_b)
+    assert first_b.text + "".join(c.text for c in rest_b) == expected.text
+    assert first_b.tokens + [t for c in rest_b for t in c.tokens] == expected.tokens
+
+
 def test_chat_template_is_applied(decoder):
     ids = decoder.encode([{"role": "user", "content": "hi"}])
     assert decoder.tokenizer.decode(ids) == "[user]hi\n[assistant]"

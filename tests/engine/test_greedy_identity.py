@@ -61,6 +61,22 @@ def test_eos_inside_an_accepted_run_stops_there(pair):
     assert stats.finish_reason == "stop"
 
 
+def test_eos_inside_an_accepted_run_counts_only_drafts_up_to_it(pair):
+    """q == p accepts all K drafts; with EOS as the 2nd draft, the output stops there and the
+    statistics count 2 accepted (and 2 tested) drafts, not the 4 the verification accepted."""
+    target, _ = pair
+    from specdecode.backends.hf import HFModel
+    clone = HFModel(target.model, "same-weights")
+    prompt = [1, 2]
+    baseline = run(target, None, prompt, k=4, max_new=25)
+    assert baseline[1] != baseline[0]  # so the EOS first appears as the 2nd token
+    stats = GenerationStats()
+    out = run(target, ModelDrafter(clone), prompt, k=4, max_new=25, eos=frozenset([baseline[1]]), stats=stats)
+    assert out == baseline[:2]
+    assert [(r.drafted, r.accepted, r.emitted) for r in stats.rounds] == [(4, 2, 2)]
+    assert stats.accepted == 2 and stats.reached_per_position == [1, 1] and stats.alpha == 1.0
+
+
 def test_draft_equal_to_target_accepts_everything(pair):
     """With q == p every draft is accepted and every round emits K + 1 tokens (the bonus)."""
     target, _ = pair
