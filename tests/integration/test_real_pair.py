@@ -30,8 +30,8 @@ def test_parts_are_installed_and_sized():
 
 @pytest.fixture(scope="module")
 def decoder():
-    """fp32, with the CPU-default cheap draft (int8 weights, 32k-token head) and lookup."""
-    return SpeculativeDecoder.load(dtype="float32", device="cpu", progress=False)
+    """transformers in fp32, with the CPU-default cheap draft (int8 weights, 32k-token head) and lookup."""
+    return SpeculativeDecoder.load(backend="transformers", dtype="float32", device="cpu", progress=False)
 
 
 @pytest.fixture(scope="module")

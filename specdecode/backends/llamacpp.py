@@ -1,0 +1,221 @@
+"""A llama.cpp backend: the GGUF's own quantised kernels under our exact engine.
+
+Runs a GGUF file as it is (no dequantisation) through llama-cpp-python's low-level
+API: one `llama_decode` per pass, with logits requested for exactly the positions
+the engine verifies, and rollback by `llama_memory_seq_rm` (removing the cache
+entries of positions >= length is all a rejected draft costs).
+
+The weights (`LlamaWeights`) are loaded once and memory-mapped; each `LlamaCppModel`
+is one sequence of a llama.cpp context. A context holds up to `n_seq_max` sequences,
+each token of a batch tagged with its sequence id, so several sequences can later
+share one pass (batching); today each model view owns one context and sequence 0.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+_init_lock = threading.Lock()
+# Process-wide, as llama.cpp's own backend state is: initialised once, on first use.
+_initialised = False
+_log_errors_only = None  # the ctypes log callback, kept alive here (llama.cpp holds a raw pointer to it)
+
+
+def _lib():
+    """The llama.cpp binding, imported on first use (it is only needed for GGUF on this backend)."""
+    global _initialised, _log_errors_only
+    try:
+        from llama_cpp import llama_cpp as ll
+    except ImportError as exc:  # pragma: no cover - the package is a dependency
+        raise ValueError("the llama.cpp backend needs llama-cpp-python: pip install 'llama-cpp-python==0.3.36' "
+                         "(or use --backend transformers)") from exc
+    with _init_lock:
+        if not _initialised:
+            _log_errors_only = ll.llama_log_callback(_print_errors)
+            ll.llama_backend_init()
+            ll.llama_log_set(_log_errors_only, ctypes.c_void_p(0))
+            _initialised = True
+    return ll
+
+
+def _print_errors(level: int, text: bytes, user_data) -> None:
+    """llama.cpp's log: keep errors (GGML_LOG_LEVEL_ERROR = 4), drop its loading chatter."""
+    if level == 4:
+        sys.stderr.write(text.decode("utf-8", errors="replace"))
+
+
+def default_threads() -> int:
+    """The machine's cores available to this process (llama.cpp's own default is similar)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True, slots=True)
+class LlamaSettings:
+    """How a llama.cpp context is built. n_ctx 0 = the model's trained context, capped by max_ctx."""
+
+    n_ctx: int = 0
+    max_ctx: int = 32768  # bounds the KV cache (f16: ~0.9 GB for the 1.5B target at 32k)
+    n_batch: int = 512  # tokens per llama_decode call (the prompt is fed in pieces of this size)
+    n_threads: int = 0  # 0 = default_threads()
+    flash_attn: bool = False  # measured slower for 1-16-token passes on the 2-core CPU (README)
+    n_seq_max: int = 1
+
+    def threads(self) -> int:
+        return self.n_threads or default_threads()
+
+
+class LlamaWeights:
+    """A GGUF file loaded (memory-mapped) once; contexts over it are cheap."""
+
+    def __init__(self, path: str | os.PathLike, name: str | None = None) -> None:
+        ll = _lib()
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"GGUF file {str(path)!r} does not exist")
+        params = ll.llama_model_default_params()
+        params.n_gpu_layers = 0
+        self.ll, self.path, self.name = ll, path, name or path.stem
+        self.ptr = ll.llama_model_load_from_file(str(path).encode(), params)
+        if not self.ptr:
+            raise ValueError(f"llama.cpp could not load {str(path)!r}: not a GGUF model it supports "
+                             f"(try --backend transformers)")
+        self.vocab = ll.llama_model_get_vocab(self.ptr)
+        self.n_vocab = int(ll.llama_vocab_n_tokens(self.vocab))
+        self.n_ctx_train = int(ll.llama_model_n_ctx_train(self.ptr))
+
+    def __del__(self) -> None:
+        if getattr(self, "ptr", None):
+            self.ll.llama_model_free(self.ptr)
+            self.ptr = None
+
+    def tokenize(self, text: str, add_special: bool = False) -> list[int]:
+        """llama.cpp's own tokenizer (parse_special: special-token text becomes its id, as in HF)."""
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        buf = (self.ll.llama_token * cap)()
+        n = self.ll.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, True)
+        if n < 0:  # buffer too small: -n is the size needed
+            cap = -n
+            buf = (self.ll.llama_token * cap)()
+            n = self.ll.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, True)
+        return list(buf[:n])
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        arr = (self.ll.llama_token * len(tokens))(*tokens)
+        cap = 8 * len(tokens) + 64
+        buf = ctypes.create_string_buffer(cap)
+        # remove_special=False, unparse_special=True: special tokens as their text, as HF's decode does
+        n = self.ll.llama_detokenize(self.vocab, arr, len(tokens), buf, cap, False, True)
+        if n < 0:
+            cap = -n
+            buf = ctypes.create_string_buffer(cap)
+            n = self.ll.llama_detokenize(self.vocab, arr, len(tokens), buf, cap, False, True)
+        return buf.raw[:n].decode("utf-8", errors="replace")
+
+
+class LlamaCppModel:
+    """One sequence of a llama.cpp context over `weights`: the engine's `Model` protocol."""
+
+    def __init__(self, weights: LlamaWeights, settings: LlamaSettings = LlamaSettings(),
+                 name: str | None = None) -> None:
+        ll = weights.ll
+        self.ll, self.weights, self.settings = ll, weights, settings
+        self.name = name or weights.name
+        self.vocab_size = weights.n_vocab
+        n_ctx = settings.n_ctx or min(weights.n_ctx_train or settings.max_ctx, settings.max_ctx)
+        params = ll.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = params.n_ubatch = settings.n_batch
+        params.n_seq_max = settings.n_seq_max
+        params.n_threads = params.n_threads_batch = settings.threads()
+        params.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if settings.flash_attn \
+            else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        params.no_perf = True
+        self.ctx = ll.llama_init_from_model(weights.ptr, params)
+        if not self.ctx:
+            raise ValueError(f"llama.cpp could not create a context of {n_ctx} tokens for {self.name} "
+                             f"(out of memory? lower the context size)")
+        self.max_length = int(ll.llama_n_ctx(self.ctx))
+        self.memory = ll.llama_get_memory(self.ctx)
+        self.seq_id = 0
+        self.device = torch.device("cpu")
+        self._batch = ll.llama_batch_init(settings.n_batch, 0, 1)
+        self._length = 0
+
+    def __del__(self) -> None:
+        if getattr(self, "ctx", None):
+            self.ll.llama_batch_free(self._batch)
+            self.ll.llama_free(self.ctx)
+            self.ctx = None
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @property
+    def signature(self) -> str:
+        """What this model's speed depends on (the calibration cache's key)."""
+        s = self.settings
+        return f"llama.cpp {self.weights.name} ({self.weights.path.stat().st_size} B) threads={s.threads()} " \
+               f"flash_attn={s.flash_attn} n_batch={s.n_batch}"
+
+    def forward(self, tokens: Sequence[int], n_logits: int = 1) -> torch.Tensor:
+        n = len(tokens)
+        if n == 0 or not 1 <= n_logits <= n:
+            raise ValueError(f"forward needs >= 1 token and 1 <= n_logits <= {n}, got {n} tokens, n_logits={n_logits}")
+        if self._length + n > self.max_length:
+            raise ValueError(f"{self.name}: {self._length + n} tokens exceed the context of {self.max_length}")
+        if n_logits > self.settings.n_batch:
+            raise ValueError(f"{self.name}: at most {self.settings.n_batch} logits per pass, asked for {n_logits}")
+        rows: list[np.ndarray] = []
+        first_logit = n - n_logits
+        for start in range(0, n, self.settings.n_batch):  # long inputs (prompts) go in pieces
+            chunk = tokens[start:start + self.settings.n_batch]
+            want = [start + i >= first_logit for i in range(len(chunk))]
+            self._decode(chunk, want)
+            rows += [self._logits(i) for i, w in enumerate(want) if w]
+        return torch.from_numpy(np.stack(rows))
+
+    def _decode(self, chunk: Sequence[int], want_logits: list[bool]) -> None:
+        b = self._batch
+        b.n_tokens = len(chunk)
+        for i, tok in enumerate(chunk):
+            b.token[i] = int(tok)
+            b.pos[i] = self._length + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = self.seq_id
+            b.logits[i] = want_logits[i]
+        rc = self.ll.llama_decode(self.ctx, b)
+        if rc != 0:
+            # rc 1: no KV slot; other codes: invalid input or a fatal error. Drop whatever was written.
+            self.ll.llama_memory_seq_rm(self.memory, self.seq_id, self._length, -1)
+            raise RuntimeError(f"{self.name}: llama_decode failed with code {rc}")
+        self._length += len(chunk)
+
+    def _logits(self, i: int) -> np.ndarray:
+        ptr = self.ll.llama_get_logits_ith(self.ctx, i)
+        return np.ctypeslib.as_array(ptr, shape=(self.vocab_size,)).copy()
+
+    def truncate(self, length: int) -> None:
+        if not 0 <= length <= self._length:
+            raise ValueError(f"cannot truncate a cache of {self._length} tokens to {length}")
+        if length < self._length:
+            if not self.ll.llama_memory_seq_rm(self.memory, self.seq_id, length, -1):
+                raise RuntimeError(f"{self.name}: llama.cpp could not remove cache positions >= {length}")
+            self._length = length
+
+    def clone_empty(self, name: str | None = None) -> "LlamaCppModel":
+        """Another sequence over the same weights (its own, empty context)."""
+        return LlamaCppModel(self.weights, self.settings, name or self.name)
