@@ -48,6 +48,7 @@ class HFModel:
         self.vocab_size = int(model.get_output_embeddings().out_features)  # logits width
         self.max_length = int(getattr(model.config, "max_position_embeddings", 0) or 2 ** 31)
         self.cache = DynamicCache(config=model.config)
+        _refuse_sliding_window(self.cache, model.config, name)
 
     @property
     def length(self) -> int:
@@ -79,6 +80,23 @@ class HFModel:
     def clone_empty(self, name: str | None = None) -> "HFModel":
         """Another sequence over the same weights (its own, empty cache)."""
         return HFModel(self.model, name or self.name)
+
+
+def _refuse_sliding_window(cache: DynamicCache, config, name: str) -> None:
+    """Rolling back rejected drafts crops the cache, which needs every past K/V; a sliding-window
+    layer drops K/V older than its window (its `crop` raises once the window fills). Refuse such
+    models up front. The test is transformers' own: whether the cache it builds for this config
+    has sliding layers (Qwen2 configs carry a sliding_window but use_sliding_window=False: none)."""
+    sliding = [layer for layer in getattr(cache, "layers", []) if getattr(layer, "is_sliding", False)]
+    if sliding:
+        window = getattr(sliding[0], "sliding_window", None) or getattr(config, "sliding_window", None)
+        raise ValueError(
+            f"{name} uses sliding-window attention (window {window} in {len(sliding)} of "
+            f"{len(cache.layers)} layers), which this backend cannot roll back after rejected drafts. "
+            f"Use a model without sliding-window attention, or, when prompt plus output stay within "
+            f"{window} tokens (where attention is the same), set \"sliding_window\": null (and "
+            f"\"use_sliding_window\": false, or every entry of \"layer_types\" to \"full_attention\") "
+            f"in its config.json")
 
 
 def load_pretrained(path: str | os.PathLike, dtype: torch.dtype, device: str,

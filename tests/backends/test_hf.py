@@ -53,3 +53,31 @@ def test_errors(model):
         model.forward([1], n_logits=2)
     with pytest.raises(ValueError, match="unknown dtype"):
         resolve_dtype("float8", "cpu")
+
+
+def _sliding_config(cls, **kw):
+    return cls(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+               num_key_value_heads=1, max_position_embeddings=64, **kw)
+
+
+def test_sliding_window_model_is_refused_with_the_fix():
+    """A sliding-window cache cannot crop once its window fills: refuse at construction, naming
+    the model and the fix (the unguarded crop raised mid-generation)."""
+    from transformers import MistralConfig, MistralForCausalLM
+    model = MistralForCausalLM(_sliding_config(MistralConfig, sliding_window=4)).eval()
+    with pytest.raises(ValueError, match=r"mistral-sw uses sliding-window attention \(window 4 in 2 of 2.*config\.json"):
+        HFModel(model, "mistral-sw")
+
+
+def test_inactive_sliding_window_is_accepted():
+    """Qwen2 configs carry sliding_window but use_sliding_window=False: full attention, accepted;
+    with use_sliding_window=True on some layers it is refused."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    inactive = HFModel(Qwen2ForCausalLM(_sliding_config(Qwen2Config, sliding_window=4)).eval(), "qwen2")
+    inactive.forward(list(range(8)), 1)
+    inactive.truncate(6)  # crop past the (inactive) window works
+    assert inactive.length == 6
+    active = Qwen2ForCausalLM(_sliding_config(Qwen2Config, sliding_window=4, use_sliding_window=True,
+                                              max_window_layers=1)).eval()
+    with pytest.raises(ValueError, match="window 4 in 1 of 2"):
+        HFModel(active, "qwen2-sw")
