@@ -1,39 +1,92 @@
 """Request bodies of the OpenAI-compatible endpoints, validated by pydantic.
 
 Defaults follow OpenAI (temperature 1, top_p 1, max_tokens 16 for completions).
-Fields that would change the output in ways we do not implement (penalties,
-logprobs, n > 1) are rejected with a 400 rather than silently ignored.
+Validation is strict (no "3" -> 3 or true -> 1 coercion) and unknown fields are
+rejected (extra="forbid"): a field we silently ignored would change nothing the
+client asked for without telling it. Fields that would change the output in ways
+we do not implement (penalties, logprobs, tools, ...) are accepted only at their
+no-op value and otherwise rejected with a 400 naming the field.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+INT64 = 2 ** 63
 
 
-class SpecOptions(BaseModel):
+class FieldError(ValueError):
+    """A ValueError from a model-level check that still names its field (pydantic gives it no location)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param}: {message}")
+        self.param = param
+
+
+def _encodable(s: str) -> str:
+    # a lone surrogate ("\ud800", legal in JSON) cannot be UTF-8 encoded and makes tokenizers raise
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("the text contains a lone UTF-16 surrogate (invalid Unicode)") from None
+    return s
+
+
+Text = Annotated[str, AfterValidator(_encodable)]
+
+# Unsupported fields and the values at which they do nothing (so clients that send defaults still work).
+_NO_OP = {
+    "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0), "logprobs": (None, False, 0),
+    "logit_bias": (None, {}), "user": None,  # user: metadata only, anything goes
+    "echo": (None, False), "best_of": (None, 1), "suffix": (None, ""),
+    "top_logprobs": (None, 0), "tools": (None, []), "tool_choice": (None, "none"),
+    "response_format": (None, {"type": "text"}),
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class SpecOptions(_Strict):
     """The `specdecode` extension field: per-request speculation settings."""
 
-    model_config = ConfigDict(extra="forbid")
     k: int | None = Field(default=None, ge=1, le=64)  # None = the server's policy
     speculative: bool = True
 
 
-class _Common(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _Common(_Strict):
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    stop: str | list[str] | None = None
-    seed: int | None = None
+    top_k: int = Field(default=0, ge=0)  # 0 = off
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)  # 0 = off
+    stop: Text | list[Text] | None = None
+    seed: int | None = Field(default=None, ge=-INT64, lt=INT64)  # int64, as OpenAI documents
     n: int = 1
     stream: bool = False
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logprobs: bool | int | None = None
+    stream_options: StreamOptions | None = None
     specdecode: SpecOptions = SpecOptions()
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    logprobs: Any = None
+    logit_bias: Any = None
+    user: Any = None
+
+    @field_validator(*_NO_OP, mode="before", check_fields=False)
+    @classmethod
+    def _no_op_only(cls, v, info: ValidationInfo):
+        allowed = _NO_OP[info.field_name]
+        if allowed is not None and not any(type(v) is type(a) and v == a for a in allowed):
+            raise ValueError(f"{info.field_name} is not supported (only {allowed[-1]!r} is accepted)")
+        return v
 
     @field_validator("n")
     @classmethod
@@ -51,21 +104,26 @@ class _Common(BaseModel):
         return stops
 
     @model_validator(mode="after")
-    def _unsupported(self):
-        if self.presence_penalty or self.frequency_penalty:
-            raise ValueError("presence_penalty and frequency_penalty are not supported (they would change "
-                             "the target's distribution)")
-        if self.logprobs:
-            raise ValueError("logprobs are not supported")
+    def _stream_options_need_stream(self):
+        if self.stream_options is not None and not self.stream:
+            raise FieldError("stream_options", "only allowed with stream=true")
         return self
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
         return tuple(self.stop or ())
 
+    @property
+    def limit(self) -> int | None:
+        """The requested completion length, if any."""
+        return self.max_tokens
+
 
 class CompletionRequest(_Common):
-    prompt: str | list[str]
+    prompt: Text | list[Text]
+    echo: Any = None
+    best_of: Any = None
+    suffix: Any = None
 
     @field_validator("prompt")
     @classmethod
@@ -76,14 +134,19 @@ class CompletionRequest(_Common):
         return prompts[0]
 
 
-class Message(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class Message(_Strict):
     role: Literal["system", "user", "assistant"]
-    content: str
+    content: Text
+    name: str | None = None  # accepted for compatibility; the chat template sees role and content only
 
 
 class ChatRequest(_Common):
     messages: list[Message]
+    max_completion_tokens: int | None = Field(default=None, ge=1)  # OpenAI's current name for max_tokens
+    top_logprobs: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    response_format: Any = None
 
     @field_validator("messages")
     @classmethod
@@ -91,3 +154,13 @@ class ChatRequest(_Common):
         if not v:
             raise ValueError("messages must not be empty")
         return v
+
+    @model_validator(mode="after")
+    def _one_limit(self):
+        if None not in (self.max_tokens, self.max_completion_tokens) and self.max_tokens != self.max_completion_tokens:
+            raise FieldError("max_completion_tokens", "conflicts with max_tokens; send one of them")
+        return self
+
+    @property
+    def limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
