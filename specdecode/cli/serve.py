@@ -19,17 +19,26 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--queue-size", type=int, default=16, help="requests allowed to wait (then 429)")
     p.add_argument("--model-id", default=None, help="the model name clients send (default: the target's)")
+    p.add_argument("--max-body-bytes", type=int, default=4 * 2 ** 20,
+                   help="largest request body accepted (then 413; default 4 MiB)")
+    p.add_argument("--drain-seconds", type=float, default=10,
+                   help="on SIGTERM/SIGINT, how long queued and running requests may finish before they end "
+                        "with a 503 (default 10; a second signal ends them at once)")
+    p.add_argument("--keep-alive-seconds", type=int, default=5,
+                   help="close a connection idle this long, or one that has not sent a complete request head "
+                        "(default 5)")
     p.set_defaults(func=run_serve)
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from specdecode.server.app import create_app
+    from specdecode.server.process import serve
 
+    if args.max_body_bytes < 1 or args.drain_seconds < 0 or args.keep_alive_seconds < 1:
+        raise ValueError("--max-body-bytes and --keep-alive-seconds must be >= 1, --drain-seconds >= 0")
     decoder = load_decoder(args)
     model_id = args.model_id or decoder.target.name.split(":")[-1]
-    app = create_app(decoder, model_id, max_queue=args.queue_size)
+    app = create_app(decoder, model_id, max_queue=args.queue_size, max_body_bytes=args.max_body_bytes)
     err_console.print(f"serving {model_id!r} on http://{args.host}:{args.port}/v1")
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    serve(app, args.host, args.port, drain_seconds=args.drain_seconds, keep_alive_seconds=args.keep_alive_seconds)
     return 0

@@ -1,7 +1,10 @@
 """The FastAPI app: OpenAI-shaped completions and chat completions, streaming, metrics.
 
-Handlers validate, tokenize, submit a Job to the GenerationQueue and await its
-events; they never run the model themselves, so the event loop stays free.
+Handlers validate, tokenize (in a small thread pool, off the event loop), submit
+a Job to the GenerationQueue and await its events; they never run the model
+themselves, so the event loop stays free. Every error, including FastAPI's own
+404/405/body-parsing errors and oversized bodies, is OpenAI-shaped
+({"error": {"message", "type", "param", "code"}}) and counted in the metrics.
 """
 
 from __future__ import annotations
@@ -9,69 +12,106 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import secrets
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specdecode.core.probs import SamplingParams
 from specdecode.engine.config import GenerationConfig
 from specdecode.engine.decoder import SpeculativeDecoder
 from specdecode.engine.stats import GenerationStats
 from specdecode.server.metrics import Metrics
-from specdecode.server.schemas import ChatRequest, CompletionRequest
-from specdecode.server.worker import GenerationQueue, Job, QueueFull
+from specdecode.server.schemas import ChatRequest, CompletionRequest, FieldError
+from specdecode.server.worker import GenerationQueue, Job, QueueFull, ShuttingDown
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
+DEFAULT_CHAT_MAX_TOKENS = 512  # chat has no OpenAI default; without one a reply could run to the end of the context
+DEFAULT_MAX_BODY_BYTES = 4 * 2 ** 20
+RETRY_AFTER_S = 1  # what a 429 tells the client to wait
+DISCONNECT_POLL_S = 0.05  # how often a non-streaming handler checks that its client is still there
+ENDPOINTS = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"}
 # pydantic appends the union branch it tried to an error's location ("prompt", "str"): not a field
 _UNION_TAG = re.compile(r"^(str|int|float|bool|list|dict|none|function-\w+)(\[.*\])?$")
+_KINDS = {400: "invalid_request_error", 404: "not_found_error", 413: "invalid_request_error",
+          429: "server_busy", 503: "service_unavailable"}
 
 
-class BadRequest(Exception):
-    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
-        self.message, self.param, self.status = message, param, status
+        self.status, self.message, self.param, self.headers = status, message, param, headers
 
 
 def error_body(message: str, param: str | None, kind: str = "invalid_request_error") -> dict:
     return {"error": {"message": message, "type": kind, "param": param, "code": None}}
 
 
-def create_app(decoder: SpeculativeDecoder, model_id: str, max_queue: int = 16) -> FastAPI:
+def error_response(status: int, message: str, param: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    kind = _KINDS.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return JSONResponse(error_body(message, param, kind), status_code=status, headers=headers)
+
+
+def create_app(decoder: SpeculativeDecoder, model_id: str, max_queue: int = 16,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
     metrics = Metrics()
     jobs = GenerationQueue(decoder, metrics, max_queue)
+    # tokenizing a long prompt takes seconds; on the event loop it would stall every other request
+    tokenize_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="specdecode-tokenize")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         jobs.start()
         yield
         jobs.stop()
+        tokenize_pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="specdecode", lifespan=lifespan)
     app.state.metrics, app.state.jobs = metrics, jobs
+    app.add_middleware(BodyLimit, limit=max_body_bytes, metrics=metrics)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
         err = exc.errors()[0] if exc.errors() else {}
         loc = [str(x) for x in err.get("loc", ()) if x != "body" and not _UNION_TAG.match(str(x))]
         param = ".".join(loc) or None
-        message = err.get("msg", "invalid request")
-        if err.get("type") == "json_invalid":
+        cause = err.get("ctx", {}).get("error")
+        message = str(cause) if isinstance(cause, ValueError) else err.get("msg", "invalid request")
+        if isinstance(cause, FieldError):
+            param = cause.param
+        elif err.get("type") == "json_invalid":
             message, param = "the request body is not valid JSON", None
         elif param:
             message = f"{param}: {message}"
-        _count(metrics, request, 400)
-        return JSONResponse(error_body(message, param), status_code=400)
+        count(metrics, request.url.path, 400)
+        return error_response(400, message, param)
 
-    @app.exception_handler(BadRequest)
-    async def bad(request: Request, exc: BadRequest):
-        _count(metrics, request, exc.status)
-        kind = "invalid_request_error" if exc.status == 400 else "server_busy"
-        return JSONResponse(error_body(exc.message, exc.param, kind), status_code=exc.status)
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError):
+        count(metrics, request.url.path, exc.status)
+        return error_response(exc.status, exc.message, exc.param, exc.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        # FastAPI's own errors: unknown path, wrong method, a body it could not parse (bad UTF-8, too deep)
+        count(metrics, request.url.path, exc.status_code)
+        message = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+        if exc.status_code == 404:
+            message = f"no such endpoint: {request.method} {request.url.path}"
+        elif exc.status_code == 405:
+            message = f"method {request.method} is not allowed on {request.url.path}"
+        elif exc.status_code == 400:  # FastAPI's "There was an error parsing the body" says nothing of why
+            message = "the request body could not be parsed as JSON (invalid UTF-8, or nested too deeply)"
+        return error_response(exc.status_code, message, None, exc.headers)
 
     @app.get("/health")
     async def health():
@@ -88,61 +128,58 @@ def create_app(decoder: SpeculativeDecoder, model_id: str, max_queue: int = 16) 
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        _check_model(body.model)
-        ids = _encode(decoder, body.prompt, chat=False)
-        return await _respond(request, body, ids, "text_completion")
+        return await _respond(request, body, body.prompt, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
-        _check_model(body.model)
-        ids = _encode(decoder, [m.model_dump() for m in body.messages], chat=True)
-        return await _respond(request, body, ids, "chat.completion")
+        messages = [{"role": m.role, "content": m.content} for m in body.messages]
+        return await _respond(request, body, messages, chat=True)
 
-    def _check_model(name: str) -> None:
-        if name != model_id:
-            raise BadRequest(f"unknown model {name!r}; this server serves {model_id!r}", "model")
-
-    async def _respond(request: Request, body, ids: list[int], kind: str):
-        max_tokens = body.max_tokens or (DEFAULT_MAX_TOKENS if kind == "text_completion"
-                                         else decoder.target.max_length - len(ids) - 1)
-        if len(ids) + max_tokens + 1 > decoder.target.max_length:
-            raise BadRequest(f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds the context of "
-                             f"{decoder.target.max_length} tokens", "max_tokens")
-        try:
-            sampling = SamplingParams(temperature=body.temperature, top_p=body.top_p)
-            config = GenerationConfig(max_new_tokens=max_tokens, sampling=sampling, k=body.specdecode.k,
-                                      seed=body.seed if body.seed is not None else 0, stop=body.stop_strings)
-        except ValueError as exc:
-            raise BadRequest(str(exc)) from None
-        job = Job(ids, config, body.specdecode.speculative, asyncio.get_running_loop())
+    async def _respond(request: Request, body, prompt, chat: bool):
+        if body.model != model_id:
+            raise ApiError(400, f"unknown model {body.model!r}; this server serves {model_id!r}", "model")
+        loop = asyncio.get_running_loop()
+        ids = await loop.run_in_executor(tokenize_pool, _encode, decoder, prompt, chat)
+        config = _config(decoder, body, ids, chat)
+        job = Job(ids, config, body.specdecode.speculative, loop)
         try:
             jobs.submit(job)
         except QueueFull as exc:
-            raise BadRequest(str(exc), None, status=429) from None
-        rid = ("cmpl-" if kind == "text_completion" else "chatcmpl-") + uuid.uuid4().hex[:24]
+            raise ApiError(429, str(exc), None, {"Retry-After": str(RETRY_AFTER_S)}) from None
+        except ShuttingDown as exc:
+            raise ApiError(503, str(exc)) from None
+        kind = "chat.completion" if chat else "text_completion"
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         created = int(time.time())
         if body.stream:
-            _count(metrics, request, 200)
-            return StreamingResponse(_sse(job, rid, created, kind), media_type="text/event-stream")
+            count(metrics, request.url.path, 200)
+            include_usage = body.stream_options is not None and body.stream_options.include_usage
+            return StreamingResponse(_sse(job, rid, created, kind, include_usage), media_type="text/event-stream")
+        watcher = asyncio.create_task(_watch(request, job))
         text = []
         try:
             while True:
                 event, payload = await job.events.get()
                 if event == "chunk":
                     text.append(payload.text)
+                elif event == "gone":
+                    count(metrics, request.url.path, 499)  # nginx's "client closed request"; nobody reads it
+                    return Response(status_code=499)
                 elif event == "error":
-                    _count(metrics, request, 500)
-                    return JSONResponse(error_body(payload, None, "server_error"), status_code=500)
+                    status, message = payload
+                    count(metrics, request.url.path, status)
+                    return error_response(status, message)
                 else:
                     break
         finally:
-            job.cancelled.set()  # a no-op when done; stops the worker if the client went away
-        _count(metrics, request, 200)
+            watcher.cancel()
+            job.cancelled.set()  # a no-op when done; stops the worker on an error or cancellation
+        count(metrics, request.url.path, 200)
         stats: GenerationStats = payload
         return {"id": rid, "object": kind, "created": created, "model": model_id,
-                "choices": [_choice(kind, "".join(text), stats.finish_reason)], "usage": _usage(ids, stats)}
+                "choices": [_choice(kind, "".join(text), stats.finish_reason)], "usage": _usage(job, stats)}
 
-    async def _sse(job: Job, rid: str, created: int, kind: str) -> AsyncIterator[str]:
+    async def _sse(job: Job, rid: str, created: int, kind: str, include_usage: bool) -> AsyncIterator[str]:
         chunk_kind = "text_completion" if kind == "text_completion" else "chat.completion.chunk"
         first = True
         try:
@@ -150,14 +187,21 @@ def create_app(decoder: SpeculativeDecoder, model_id: str, max_queue: int = 16) 
                 event, payload = await job.events.get()
                 if event == "chunk":
                     if payload.text or first:
-                        yield _event(rid, chunk_kind, created, model_id, _delta(kind, payload.text, None, first))
+                        yield _event(rid, chunk_kind, created, model_id, [_delta(kind, payload.text, None, first)])
                         first = False
                 elif event == "error":
-                    yield f"data: {json.dumps(error_body(payload, None, 'server_error'))}\n\n"
+                    status, message = payload
+                    kind_ = _KINDS.get(status, "server_error")
+                    yield f"data: {json.dumps(error_body(message, None, kind_))}\n\n"
                     return
                 else:
-                    yield _event(rid, chunk_kind, created, model_id, _delta(kind, "", payload.finish_reason, first),
-                                 usage=_usage(job.ids, payload))
+                    usage = _usage(job, payload)
+                    final = _delta(kind, "", payload.finish_reason, first)
+                    if include_usage:  # OpenAI: a separate last chunk with no choices carries the usage
+                        yield _event(rid, chunk_kind, created, model_id, [final])
+                        yield _event(rid, chunk_kind, created, model_id, [], usage=usage)
+                    else:  # our extension: the final chunk carries usage (and so the seed) anyway
+                        yield _event(rid, chunk_kind, created, model_id, [final], usage=usage)
                     yield "data: [DONE]\n\n"
                     return
         finally:
@@ -166,11 +210,48 @@ def create_app(decoder: SpeculativeDecoder, model_id: str, max_queue: int = 16) 
     return app
 
 
+async def _watch(request: Request, job: Job) -> None:
+    """A non-streaming client that hangs up must stop its generation too, within a round."""
+    while not await request.is_disconnected():
+        await asyncio.sleep(DISCONNECT_POLL_S)
+    job.cancelled.set()
+    job.events.put_nowait(("gone", None))
+
+
 def _encode(decoder: SpeculativeDecoder, prompt, chat: bool) -> list[int]:
+    param = "messages" if chat else "prompt"
     try:
-        return decoder.encode(prompt, chat)
+        ids = decoder.encode(prompt, chat)
     except ValueError as exc:
-        raise BadRequest(str(exc), "messages" if chat else "prompt") from None
+        raise ApiError(400, str(exc), param) from None
+    if not ids:
+        raise ApiError(400, f"{param}: the prompt is empty after tokenization (0 tokens)", param)
+    return ids
+
+
+def _config(decoder: SpeculativeDecoder, body, ids: list[int], chat: bool) -> GenerationConfig:
+    context = decoder.target.max_length
+    param = "messages" if chat else "prompt"
+    room = context - len(ids) - 1
+    if room < 1:
+        raise ApiError(400, f"{param}: the prompt is {len(ids)} tokens, which leaves no room for a completion in "
+                            f"the model's context of {context} tokens", param)
+    limit = body.limit
+    if limit is None:
+        limit = min(DEFAULT_CHAT_MAX_TOKENS if chat else DEFAULT_MAX_TOKENS, room)
+    elif limit > room:
+        name = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) else "max_tokens"
+        raise ApiError(400, f"prompt ({len(ids)} tokens) + {name} ({limit}) exceeds the context of "
+                            f"{context} tokens", name)
+    # no seed: a fresh one (sampling must be random), reported in usage.specdecode.seed for replay
+    seed = body.seed if body.seed is not None else secrets.randbits(63)
+    try:
+        sampling = SamplingParams(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+                                  min_p=body.min_p)
+        return GenerationConfig(max_new_tokens=limit, sampling=sampling, k=body.specdecode.k, seed=seed,
+                                stop=body.stop_strings)
+    except ValueError as exc:
+        raise ApiError(400, str(exc)) from None
 
 
 def _choice(kind: str, text: str, finish: str) -> dict:
@@ -186,20 +267,64 @@ def _delta(kind: str, text: str, finish: str | None, first: bool) -> dict:
     return {"index": 0, "delta": delta, "finish_reason": finish}
 
 
-def _event(rid: str, kind: str, created: int, model: str, choice: dict, usage: dict | None = None) -> str:
-    body = {"id": rid, "object": kind, "created": created, "model": model, "choices": [choice]}
+def _event(rid: str, kind: str, created: int, model: str, choices: list, usage: dict | None = None) -> str:
+    body = {"id": rid, "object": kind, "created": created, "model": model, "choices": choices}
     if usage is not None:
         body["usage"] = usage
     return "data: " + json.dumps(body) + "\n\n"
 
 
-def _usage(ids: list[int], stats: GenerationStats) -> dict:
-    return {"prompt_tokens": len(ids), "completion_tokens": stats.new_tokens,
-            "total_tokens": len(ids) + stats.new_tokens,
-            "specdecode": {"rounds": stats.num_rounds, "drafted": stats.drafted, "accepted": stats.accepted,
-                           "accepted_per_position": stats.accepted_per_position, "alpha": stats.alpha,
-                           "mean_acceptance_length": stats.mean_acceptance_length}}
+def _usage(job: Job, stats: GenerationStats) -> dict:
+    n = len(job.ids)
+    return {"prompt_tokens": n, "completion_tokens": stats.new_tokens, "total_tokens": n + stats.new_tokens,
+            "specdecode": {"seed": job.config.seed, "rounds": stats.num_rounds, "drafted": stats.drafted,
+                           "accepted": stats.accepted, "accepted_per_position": stats.accepted_per_position,
+                           "alpha": stats.alpha, "mean_acceptance_length": stats.mean_acceptance_length}}
 
 
-def _count(metrics: Metrics, request: Request, status: int) -> None:
-    metrics.requests.labels(endpoint=request.url.path, status=str(status)).inc()
+def count(metrics: Metrics, path: str, status: int) -> None:
+    endpoint = path if path in ENDPOINTS else "other"  # arbitrary 404 paths must not mint new label values
+    metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()
+
+
+class BodyLimit:
+    """ASGI middleware: read the request body up to `limit` bytes before the app sees it, and answer a
+    larger one with a 413 without buffering it whole. Later receive() calls go to the server again, so
+    disconnect detection still works."""
+
+    def __init__(self, app, limit: int, metrics: Metrics) -> None:
+        self.app, self.limit, self.metrics = app, limit, metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.limit:
+            return await self._reject(scope, receive, send)
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client left before sending its body
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limit:
+                return await self._reject(scope, receive, send)
+            if not message.get("more_body"):
+                break
+        body, replayed = b"".join(chunks), False
+
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _reject(self, scope, receive, send) -> None:
+        count(self.metrics, scope["path"], 413)
+        response = error_response(413, f"the request body exceeds the server's limit of {self.limit} bytes "
+                                       f"(serve --max-body-bytes)")
+        await response(scope, receive, send)
