@@ -6,13 +6,16 @@ length: no copy, and no special case per model class.
 
 from __future__ import annotations
 
+import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Sequence
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from safetensors import SafetensorError
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel,
+                          PreTrainedTokenizerBase)
 from transformers.utils import logging as hf_logging
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -31,10 +34,22 @@ def resolve_dtype(dtype: str | torch.dtype, device: str) -> torch.dtype:
 
 
 def resolve_device(device: str) -> str:
+    """'auto' (CUDA if available, else cpu), 'cpu', 'cuda' or 'cuda:N' (checked against this machine)."""
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} asked for, but no CUDA device is available; use --device cpu")
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        parsed = None
+    if parsed is None or parsed.type not in ("cpu", "cuda"):
+        raise ValueError(f"unknown device {device!r}; use auto, cpu, cuda or cuda:N")
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} asked for, but no CUDA device is available; use --device cpu")
+        count = torch.cuda.device_count()
+        if parsed.index is not None and parsed.index >= count:
+            raise ValueError(f"device {device!r} asked for, but this machine has {count} CUDA device(s) "
+                             f"(cuda:0..cuda:{count - 1}); choose one of those")
     return device
 
 
@@ -101,17 +116,68 @@ def _refuse_sliding_window(cache: DynamicCache, config, name: str) -> None:
 
 def load_pretrained(path: str | os.PathLike, dtype: torch.dtype, device: str,
                     name: str | None = None) -> tuple[HFModel, PreTrainedTokenizerBase]:
-    """Load a local transformers model directory (config + weights + tokenizer)."""
+    """Load a local transformers model directory (config + weights + tokenizer).
+
+    A broken directory (bad config.json, missing or truncated weights, no tokenizer files)
+    raises ValueError with one line naming the problem and the fix, not a library traceback."""
     path = Path(path)
+    check_model_dir(path)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{str(path / 'config.json')!r} is not a usable transformers config ({_first_line(exc)}); "
+                         f"copy it again from the original model") from exc
+    with quiet_progress():  # loading a converted directory takes seconds: no per-tensor bar
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"cannot load the tokenizer in {str(path)!r} ({_first_line(exc)}); {_COPY_TOKENIZER}") \
+                from exc
+        if len(tokenizer) <= len(set(tokenizer.all_special_tokens)):
+            raise ValueError(f"the tokenizer in {str(path)!r} has no vocabulary; {_COPY_TOKENIZER}")
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype)
+        except (OSError, ValueError, KeyError, SafetensorError) as exc:
+            raise ValueError(f"cannot load the weights in {str(path)!r} ({_first_line(exc)}): they may be truncated "
+                             f"or corrupt; copy them again from the original model") from exc
+    return HFModel(model.to(device), name or path.name), tokenizer
+
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
+                   "sentencepiece.bpe.model", "tokenizer.tiktoken")
+_COPY_TOKENIZER = ("copy the tokenizer files (tokenizer.json, tokenizer_config.json, ...) from the original model "
+                   "into it, or save them there with tokenizer.save_pretrained(dir)")
+
+
+def check_model_dir(path: Path) -> None:
+    """The directory's own files, checked before transformers sees them (its errors are tracebacks
+    about internals): a config.json that parses, weight files, tokenizer files."""
     if not path.exists():
         raise ValueError(f"model path {str(path)!r} does not exist; pass a transformers model directory, "
                          f"a .gguf file, or omit it to use the embedded default")
-    if not (path / "config.json").exists():
-        raise ValueError(f"{str(path)!r} is not a transformers model directory (no config.json)")
-    with quiet_progress():  # loading a converted directory takes seconds: no per-tensor bar
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
-    return HFModel(model, name or path.name), tokenizer
+    if not (path / "config.json").is_file():
+        raise ValueError(f"{str(path)!r} is not a transformers model directory (no config.json); pass a model "
+                         f"directory or a .gguf file")
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{str(path / 'config.json')!r} is not valid JSON ({_first_line(exc)}); copy it again "
+                         f"from the original model") from exc
+    if not isinstance(config, dict):
+        raise ValueError(f"{str(path / 'config.json')!r} is not a model config (a JSON object); copy it again "
+                         f"from the original model")
+    if not any((path / f).is_file() for f in WEIGHT_FILES):
+        raise ValueError(f"{str(path)!r} has a config.json but no weights ({' or '.join(WEIGHT_FILES[::2])}); "
+                         f"copy the weight files from the original model into it")
+    if not (any((path / f).is_file() for f in TOKENIZER_FILES) or any(path.glob("*.tiktoken"))):
+        raise ValueError(f"{str(path)!r} has no tokenizer files; {_COPY_TOKENIZER}")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 @contextmanager

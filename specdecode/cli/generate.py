@@ -13,6 +13,31 @@ from specdecode.engine.stats import GenerationStats
 STYLE = {"draft": "green", "correction": "yellow", "bonus": "bold cyan", "target": ""}
 
 
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0 (a usage error, exit 2, otherwise)."""
+    return _int_in(text, 0, None, "an integer >= 0")
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    return _int_in(text, 1, None, "an integer >= 1")
+
+
+def port_number(text: str) -> int:
+    """argparse type: a TCP port, 1-65535 (`serve --port`)."""
+    return _int_in(text, 1, 65535, "a port number from 1 to 65535")
+
+
+def _int_in(text: str, low: int, high: int | None, what: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < low or (high is not None and value > high):
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+    return value
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
     """Model-selection flags shared by every command that loads models."""
     p.add_argument("--target", help="target: transformers model directory or .gguf file "
@@ -25,7 +50,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "model: draft model only; lookup: prompt lookup only (no draft model loaded)")
     p.add_argument("--draft-int8", action=argparse.BooleanOptionalAction, default=None,
                    help="int8 weights for the draft (default: on for CPU; exactness is unaffected)")
-    p.add_argument("--draft-vocab", type=int, default=None,
+    p.add_argument("--draft-vocab", type=non_negative_int, default=None,
                    help="restrict the draft's output head to the N most frequent tokens (0 = full)")
     p.add_argument("--draft-confidence", type=float, default=0.0,
                    help="end a draft early when the draft's top probability is below this (default 0 = off)")

@@ -7,11 +7,19 @@ import sys
 
 from specdecode import __version__
 from specdecode.cli import audit, bench, generate, serve, theory
-from specdecode.cli.output import err_console
+from specdecode.cli.output import print_error
+
+
+class Parser(argparse.ArgumentParser):
+    """Usage errors print one line (what is wrong, where to read more) and exit 2, not the whole usage."""
+
+    def error(self, message: str):
+        print_error(f"{self.prog}: {message} (see `{self.prog} --help`)")
+        self.exit(2)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specdecode", description="Lossless speculative decoding.")
+    parser = Parser(prog="specdecode", description="Lossless speculative decoding.")
     parser.add_argument("--version", action="version", version=f"specdecode {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     generate.add_parsers(sub)
@@ -28,9 +36,20 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = argv  # recorded in reports (e.g. the benchmark's command line)
     try:
         return args.func(args)
-    except ValueError as exc:
-        err_console.print(f"[red]error:[/] {exc}")
+    except ValueError as exc:  # bad input: options, model files, prompts (every layer raises these)
+        print_error(str(exc))
         return 2
+    except OSError as exc:  # the file system or the network refused: say what, where, and how to fix it
+        print_error(describe_os_error(exc))
+        return 1
+
+
+def describe_os_error(exc: OSError) -> str:
+    """One line for an OSError, with the fix when it concerns the weights cache."""
+    message = f"{exc.strerror or exc}: {exc.filename!r}" if exc.filename else str(exc) or type(exc).__name__
+    weights = sys.modules.get("specdecode.backends.weights")  # loaded by whatever touched the cache
+    hint = weights.cache_error_hint(exc) if weights is not None else None
+    return f"{message}; {hint}" if hint else message
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import sys
 from typing import Any, Sequence
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 console = Console()
@@ -26,6 +27,12 @@ def fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}" if abs(value) < 1e4 else f"{value:.3e}"
     return str(value)
+
+
+def print_error(message: str) -> None:
+    """One line on stderr: `error: <message>` (the message is not markup, and is not wrapped)."""
+    one_line = " ".join(part.strip() for part in message.splitlines() if part.strip())
+    err_console.print(f"[red]error:[/] {escape(one_line)}", soft_wrap=True, highlight=False)
 
 
 def emit_json(payload: dict[str, Any]) -> None:

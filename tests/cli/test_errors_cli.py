@@ -1,0 +1,151 @@
+"""Bad input, as a user would give it, gets one line naming the problem and the fix, and a
+non-zero exit (2 for usage errors) -- never a traceback."""
+
+import argparse
+import errno
+import os
+import pathlib
+import shutil
+
+import pytest
+
+from specdecode.cli import main
+from tests.tiny import save_pair
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    return save_pair(tmp_path_factory.mktemp("models"), seed=5, scale=0.4, noise=0.05, max_len=256)
+
+
+def run(capsys, *argv):
+    """(exit status, stderr) of `specdecode <argv>`; argparse's SystemExit counts as a status."""
+    try:
+        rc = main(list(argv))
+    except SystemExit as exc:
+        rc = exc.code
+    return rc, capsys.readouterr().err
+
+
+def one_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
+    return lines[0]
+
+
+def _bad_json(d):
+    (d / "config.json").write_text('{"model_type": "qwen2", ')
+
+
+def _no_weights(d):
+    (d / "model.safetensors").unlink()
+
+
+def _truncated_header(d):
+    w = d / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:1000])
+
+
+def _truncated_data(d):
+    w = d / "model.safetensors"
+    data = w.read_bytes()
+    w.write_bytes(data[: len(data) // 2])
+
+
+def _no_tokenizer(d):
+    for f in d.iterdir():
+        if f.name.startswith("tokenizer") or f.name in ("vocab.json", "merges.txt", "special_tokens_map.json"):
+            f.unlink()
+
+
+def _no_model_type(d):
+    (d / "config.json").write_text('{"hidden_size": 32}')
+
+
+@pytest.mark.parametrize("role", ["target", "draft"])
+@pytest.mark.parametrize("breakage, message", [
+    (_bad_json, "config.json' is not valid JSON"),
+    (_no_weights, "has a config.json but no weights (model.safetensors or pytorch_model.bin); copy the weight"),
+    (_truncated_header, "may be truncated or corrupt; copy them again"),
+    (_truncated_data, "may be truncated or corrupt; copy them again"),
+    (_no_tokenizer, "has no tokenizer files; copy the tokenizer files"),
+    (_no_model_type, "is not a usable transformers config"),
+])
+def test_broken_model_directory_is_one_line(capsys, tmp_path, model_dirs, role, breakage, message):
+    broken = tmp_path / "broken"
+    shutil.copytree(model_dirs[0 if role == "target" else 1], broken)
+    breakage(broken)
+    dirs = {"target": model_dirs[0], "draft": model_dirs[1], role: str(broken)}
+    rc, err = run(capsys, "generate", "x", "--target", dirs["target"], "--draft", dirs["draft"],
+                  "--drafter", "model", "--dtype", "float32", "--max-new-tokens", "2")
+    assert rc == 2 and message in one_line(err) and str(broken) in err
+
+
+@pytest.mark.parametrize("device, message", [
+    ("tpu", "unknown device 'tpu'; use auto, cpu, cuda or cuda:N"),
+    ("cuda:99", "cuda:99"),
+])
+def test_bad_device_is_one_line(capsys, model_dirs, device, message):
+    rc, err = run(capsys, "generate", "x", "--target", model_dirs[0], "--draft", model_dirs[1], "--device", device)
+    assert rc == 2 and message in one_line(err)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["generate", "x", "--draft-vocab", "-1"], "argument --draft-vocab: must be an integer >= 0, got '-1'"),
+    (["generate", "x", "--draft-vocab", "many"], "argument --draft-vocab: must be an integer >= 0"),
+    (["generate"], "the following arguments are required: prompt"),
+    (["generat", "x"], "invalid choice: 'generat'"),
+])
+def test_usage_errors_are_one_line_and_exit_2(capsys, argv, message):
+    rc, err = run(capsys, *argv)
+    line = one_line(err)
+    assert rc == 2 and message in line and "--help" in line
+
+
+def test_port_validator():
+    """For `serve --port` (cli/serve.py: `type=port_number`)."""
+    from specdecode.cli.generate import non_negative_int, port_number
+    from specdecode.cli.main import Parser
+
+    assert port_number("8000") == 8000 and port_number("65535") == 65535
+    for bad in ["70000", "0", "-1", "http"]:
+        with pytest.raises(argparse.ArgumentTypeError, match="must be a port number from 1 to 65535"):
+            port_number(bad)
+    parser = Parser(prog="specdecode serve")
+    parser.add_argument("--port", type=port_number)
+    with pytest.raises(SystemExit) as exc:
+        parser.parse_args(["--port", "70000"])
+    assert exc.value.code == 2
+    assert non_negative_int("0") == 0
+
+
+def test_cache_that_is_a_file_names_the_variable(capsys, tmp_path, monkeypatch):
+    (tmp_path / "cache").write_text("not a directory")
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
+    rc, err = run(capsys, "generate", "x")  # the embedded pair lives in the cache
+    line = one_line(err)
+    assert rc == 2 and "SPECDECODE_CACHE is" in line and "which is a file, not a directory" in line
+    assert "set SPECDECODE_CACHE to a writable directory" in line
+
+
+def test_read_only_cache_names_the_variable(capsys, tmp_path, monkeypatch):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    monkeypatch.setenv("SPECDECODE_CACHE", str(ro / "cache"))
+    if os.access(ro, os.W_OK):  # root writes anyway: have the file system refuse, as a read-only mount does
+        mkdir = pathlib.Path.mkdir
+
+        def refuse(self, *args, **kwargs):
+            if self == ro or ro in self.parents:
+                raise PermissionError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+            return mkdir(self, *args, **kwargs)
+
+        monkeypatch.setattr(pathlib.Path, "mkdir", refuse)
+    try:
+        rc, err = run(capsys, "generate", "x")
+    finally:
+        ro.chmod(0o755)
+    line = one_line(err)
+    assert rc == 1 and str(ro) in line and "SPECDECODE_CACHE is" in line
+    assert "set SPECDECODE_CACHE to a writable directory" in line
