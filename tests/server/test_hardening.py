@@ -1,0 +1,362 @@
+"""Hostile clients: disconnects, huge or malformed bodies, strict fields, shutdown under load, slow sockets.
+
+Like test_server.py, every test talks to a real `specdecode serve` process on loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+from tokenizers import normalizers
+from transformers import AutoTokenizer
+
+from tests.server.conftest import Server
+from tests.tiny import save_pair
+
+# greedy on the 2048-token pair below, "bb" runs 1500 tokens without an end token: a long job (~15 s)
+LONG = {"model": "tiny", "prompt": "bb", "max_tokens": 1500, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def long_dirs(tmp_path_factory):
+    """A pair with a 2048-token context whose tokenizer drops spaces (so "   " is zero tokens)."""
+    dirs = save_pair(tmp_path_factory.mktemp("long-models"), seed=41, scale=0.3, noise=0.05, max_len=2048)
+    for d in dirs:
+        tok = AutoTokenizer.from_pretrained(d)
+        tok.backend_tokenizer.normalizer = normalizers.Replace(" ", "")
+        tok.save_pretrained(d)
+    return dirs
+
+
+@pytest.fixture(scope="module")
+def long_server(long_dirs):
+    s = Server(long_dirs, "--drafter", "model", "--queue-size", "4", "--max-body-bytes", "6000000",
+               "--keep-alive-seconds", "1")
+    yield s
+    s.stop()
+
+
+def post(server, path: str, body, **kw) -> httpx.Response:
+    content = body if isinstance(body, (str, bytes)) else json.dumps(body)
+    return httpx.post(f"{server.url}/v1/{path}", content=content, headers={"content-type": "application/json"},
+                      timeout=kw.pop("timeout", 60), **kw)
+
+
+def assert_error(r: httpx.Response, status: int, param=None) -> dict:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"] and err["param"] == param, err
+    return err
+
+
+def wait_idle(server, seconds: float = 10) -> None:
+    deadline = time.time() + seconds
+    while time.time() < deadline and (server.metric("specdecode_running_generations") > 0
+                                      or server.metric("specdecode_queued_requests") > 0):
+        time.sleep(0.05)
+
+
+# 1. disconnects
+
+
+def test_non_streaming_disconnect_cancels_within_a_round(server):
+    """16 non-streaming clients that give up after 0.3 s: all 16 cancelled, nothing left running, and
+    far fewer tokens than even one of them asked for (each stops within a round of its disconnect)."""
+    full = post(server, "completions", {"model": "tiny", "prompt": "a", "max_tokens": 440, "temperature": 0})
+    full_tokens = full.json()["usage"]["completion_tokens"]
+    assert full_tokens >= 400
+    cancelled, tokens = server.metric("specdecode_cancelled_total"), server.metric("specdecode_tokens_generated_total")
+
+    def give_up() -> None:
+        with pytest.raises(httpx.TimeoutException):
+            post(server, "completions", {"model": "tiny", "prompt": "a", "max_tokens": 440, "temperature": 0},
+                 timeout=0.3)
+
+    threads = [threading.Thread(target=give_up) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    t_gone = time.time()
+    wait_idle(server, 10)
+    assert time.time() - t_gone < 3  # not 16 generations run to the end
+    assert server.metric("specdecode_cancelled_total") == cancelled + 16
+    assert server.metric("specdecode_tokens_generated_total") - tokens < full_tokens
+
+
+# 2. completion length
+
+
+def test_max_completion_tokens_is_honoured_and_conflicts_are_400(server):
+    msgs = [{"role": "user", "content": "hello"}]
+    r = post(server, "chat/completions", {"model": "tiny", "messages": msgs, "max_completion_tokens": 5,
+                                          "temperature": 0})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 5
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+    r = post(server, "chat/completions", {"model": "tiny", "messages": msgs, "max_completion_tokens": 4,
+                                          "max_tokens": 4, "temperature": 0})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 4
+    assert_error(post(server, "chat/completions", {"model": "tiny", "messages": msgs, "max_completion_tokens": 5,
+                                                   "max_tokens": 6}), 400, "max_completion_tokens")
+    assert_error(post(server, "chat/completions", {"model": "tiny", "messages": msgs,
+                                                   "max_completion_tokens": 10000}), 400, "max_completion_tokens")
+
+
+def test_chat_without_a_limit_stops_at_the_default(long_server):
+    r = post(long_server, "chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "zz"}],
+                                               "temperature": 0, "specdecode": {"speculative": False}})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 512
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("completions", {"model": "tiny", "prompt": "x" * 511}, "prompt"),
+    ("chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "x" * 500}]}, "messages"),
+])
+def test_prompt_that_fills_the_context_is_a_400_naming_it(server, path, body, param):
+    err = assert_error(post(server, path, body), 400, param)
+    assert "context of 512 tokens" in err["message"] and "max_new_tokens" not in err["message"]
+
+
+# 3. size and the event loop
+
+
+def test_oversized_body_is_a_413(server):
+    r = post(server, "completions", json.dumps({"model": "tiny", "prompt": "a" * (5 * 2 ** 20)}))
+    err = assert_error(r, 413)
+    assert "4194304" in err["message"] and "--max-body-bytes" in err["message"]
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_huge_prompt_does_not_stall_the_event_loop(long_server):
+    """A 5 MB prompt (under the raised body limit) is tokenized off the event loop: /health keeps
+    answering within 1 s, and the prompt, far over the context, is a clear 400."""
+    result = {}
+
+    def big() -> None:
+        result["r"] = post(long_server, "completions", {"model": "tiny", "prompt": "ab" * 2_500_000}, timeout=120)
+
+    thread = threading.Thread(target=big)
+    thread.start()
+    worst = 0.0
+    while thread.is_alive():
+        t0 = time.time()
+        assert httpx.get(long_server.url + "/health", timeout=10).status_code == 200
+        worst = max(worst, time.time() - t0)
+        time.sleep(0.05)
+    thread.join()
+    assert worst < 1.0, worst
+    err = assert_error(result["r"], 400, "prompt")
+    assert "5000000 tokens" in err["message"] and "2048" in err["message"]
+
+
+# 4. input that used to be a 500 (and 7: strict, unsupported and unknown fields)
+
+BAD = [
+    ("completions", {"model": "tiny", "prompt": "ab\ud800cd"}, "prompt"),
+    ("chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "ab\ud800cd"}]},
+     "messages.0.content"),
+    ("completions", {"model": "tiny", "prompt": "a", "seed": 2 ** 63}, "seed"),
+    ("completions", {"model": "tiny", "prompt": "a", "seed": -2 ** 63 - 1}, "seed"),
+    ("completions", {"model": "tiny", "prompt": "a", "seed": 2 ** 64, "stream": True}, "seed"),
+    ("completions", {"model": "tiny", "prompt": "a", "top_k": -1}, "top_k"),
+    ("completions", {"model": "tiny", "prompt": "a", "top_k": "x"}, "top_k"),
+    ("completions", {"model": "tiny", "prompt": "a", "top_k": 1.5}, "top_k"),
+    ("completions", {"model": "tiny", "prompt": "a", "min_p": -1}, "min_p"),
+    ("completions", {"model": "tiny", "prompt": "a", "min_p": "x"}, "min_p"),
+    ("completions", {"model": "tiny", "prompt": "a", "min_p": 1.5}, "min_p"),
+    ("completions", {"model": "tiny", "prompt": "a", "logit_bias": {"5": 10}}, "logit_bias"),
+    ("completions", {"model": "tiny", "prompt": "a", "echo": True}, "echo"),
+    ("completions", {"model": "tiny", "prompt": "a", "best_of": 2}, "best_of"),
+    ("completions", {"model": "tiny", "prompt": "a", "suffix": "z"}, "suffix"),
+    ("completions", {"model": "tiny", "prompt": "a", "presence_penalty": 0.5}, "presence_penalty"),
+    ("completions", {"model": "tiny", "prompt": "a", "logprobs": 2}, "logprobs"),
+    ("chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "a"}],
+                          "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ("chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "a"}],
+                          "response_format": {"type": "json_object"}}, "response_format"),
+    ("chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "a"}], "top_logprobs": 2},
+     "top_logprobs"),
+    ("completions", {"model": "tiny", "prompt": "a", "max_tokens": "3"}, "max_tokens"),
+    ("completions", {"model": "tiny", "prompt": "a", "max_tokens": True}, "max_tokens"),
+    ("completions", {"model": "tiny", "prompt": "a", "stream": "yes"}, "stream"),
+    ("completions", {"model": "tiny", "prompt": "a", "specdecode": {"speculative": "off"}}, "specdecode.speculative"),
+    ("completions", {"model": "tiny", "prompt": "a", "temperature": "1"}, "temperature"),
+    ("completions", {"model": "tiny", "prompt": "a", "frobnicate": 1}, "frobnicate"),
+    ("completions", {"model": "tiny", "prompt": "a", "max_completion_tokens": 3}, "max_completion_tokens"),
+    ("completions", {"model": "tiny", "prompt": "a", "stream_options": {"include_usage": True}}, "stream_options"),
+]
+
+
+@pytest.mark.parametrize("path, body, param", BAD)
+def test_bad_input_is_a_400_naming_the_field(server, path, body, param):
+    assert_error(post(server, path, body), 400, param)
+
+
+def test_prompt_of_zero_tokens_is_a_400(long_server):
+    assert_error(post(long_server, "completions", {"model": "tiny", "prompt": "   "}), 400, "prompt")
+
+
+def test_no_op_values_of_unsupported_fields_are_accepted(server):
+    r = post(server, "completions", {"model": "tiny", "prompt": "a", "max_tokens": 3, "echo": False, "best_of": 1,
+                                     "logit_bias": {}, "presence_penalty": 0, "logprobs": None, "user": "u1"})
+    assert r.status_code == 200, r.text
+
+
+# 7. top_k and min_p are honoured
+
+
+@pytest.mark.parametrize("extra", [{"top_k": 1}, {"min_p": 1.0}])
+def test_top_k_and_min_p_change_the_distribution(server, extra):
+    """top_k=1 and min_p=1 leave only the most likely token: sampling at T=1 then equals greedy."""
+    base = {"model": "tiny", "prompt": "def f(x):", "max_tokens": 30}
+    greedy = post(server, "completions", {**base, "temperature": 0}).json()["choices"][0]["text"]
+    sampled = post(server, "completions", {**base, "temperature": 1.0, "seed": 3, **extra}).json()
+    assert sampled["choices"][0]["text"] == greedy
+    plain = post(server, "completions", {**base, "temperature": 1.0, "seed": 3}).json()["choices"][0]["text"]
+    assert plain != greedy  # without the filter, T=1 sampling on this flat model wanders off
+
+
+# 8. seeds
+
+
+def test_unseeded_sampling_is_random_and_reports_its_seed(server):
+    body = {"model": "tiny", "prompt": "q", "max_tokens": 30, "temperature": 1.0}
+    a, b = (post(server, "completions", body).json() for _ in range(2))
+    seed_a, seed_b = a["usage"]["specdecode"]["seed"], b["usage"]["specdecode"]["seed"]
+    assert seed_a != seed_b and a["choices"][0]["text"] != b["choices"][0]["text"]
+    replay = post(server, "completions", {**body, "seed": seed_a}).json()
+    assert replay["choices"][0]["text"] == a["choices"][0]["text"]
+    assert replay["usage"]["specdecode"]["seed"] == seed_a
+    with httpx.stream("POST", server.url + "/v1/completions", json={**body, "stream": True, "seed": seed_a},
+                      timeout=60) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert events[-1]["usage"]["specdecode"]["seed"] == seed_a
+    assert "".join(e["choices"][0]["text"] for e in events) == a["choices"][0]["text"]
+
+
+# 5. queue slots
+
+
+def test_clients_that_left_the_queue_free_their_slots(long_server):
+    """--queue-size 4: four streaming clients that disconnect while queued leave the queue empty,
+    so the next request is served, not a 429."""
+    blocker = httpx.stream("POST", long_server.url + "/v1/completions", json={**LONG, "stream": True}, timeout=60)
+    with blocker as r:
+        lines = r.iter_lines()  # kept: a dropped iterator would close the connection
+        next(lines)  # the long job is running
+        for _ in range(4):
+            with httpx.stream("POST", long_server.url + "/v1/completions", json={**LONG, "stream": True},
+                              timeout=60) as queued:
+                assert queued.status_code == 200  # headers come at once; the job waits behind the blocker
+        deadline = time.time() + 5
+        while time.time() < deadline and long_server.metric("specdecode_queued_requests") > 0:
+            time.sleep(0.05)
+        assert long_server.metric("specdecode_queued_requests") == 0
+        assert long_server.metric("specdecode_running_generations") == 1  # the blocker still runs
+        codes: list[int] = []
+        fillers = [threading.Thread(target=lambda: codes.append(
+            post(long_server, "completions", {"model": "tiny", "prompt": "a", "max_tokens": 2}).status_code))
+            for _ in range(4)]
+        for t in fillers:  # the four slots are free again
+            t.start()
+        deadline = time.time() + 5
+        while time.time() < deadline and long_server.metric("specdecode_queued_requests") < 4:
+            time.sleep(0.05)
+        r5 = post(long_server, "completions", {"model": "tiny", "prompt": "a", "max_tokens": 2})
+        assert_error(r5, 429)  # now four live clients are waiting behind the blocker
+        assert r5.headers["retry-after"] == "1"
+    for t in fillers:  # the blocker hung up: the four are served
+        t.join(timeout=30)
+    assert codes == [200] * 4
+    wait_idle(long_server, 30)
+
+
+# 9. protocol
+
+
+def test_framework_errors_are_openai_shaped_and_counted(server):
+    before = server.metric("specdecode_requests_total")
+    assert_error(httpx.get(server.url + "/nope"), 404)
+    r = httpx.get(server.url + "/v1/completions")
+    assert_error(r, 405)
+    assert r.headers["allow"] == "POST"
+    assert_error(post(server, "completions", b'{"model": "tiny", "prompt": "\xff"}'), 400)
+    assert_error(post(server, "completions", "[" * 100_000), 400)
+    assert server.metric("specdecode_requests_total") == before + 4
+
+
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+def test_include_usage_sends_a_final_usage_chunk(server, kind):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=60)
+    args = dict(model="tiny", max_tokens=10, temperature=0, stream=True, stream_options={"include_usage": True})
+    if kind == "completion":
+        chunks = list(client.completions.create(prompt="abc", **args))
+    else:
+        chunks = list(client.chat.completions.create(messages=[{"role": "user", "content": "abc"}], **args))
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
+    assert all(c.usage is None for c in chunks[:-1]) and chunks[-2].choices[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("sent", [b"", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"])
+def test_idle_and_half_open_connections_are_closed(long_server, sent):
+    """--keep-alive-seconds 1: a client that connects and sends nothing, or half a request head, is cut off."""
+    with socket.create_connection(("127.0.0.1", long_server.port)) as sock:
+        sock.sendall(sent)
+        sock.settimeout(5)
+        t0 = time.time()
+        assert sock.recv(100) == b""  # closed by the server
+        assert time.time() - t0 < 4
+
+
+# 6. shutdown
+
+
+def _events_of(response: httpx.Response, out: list) -> None:
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            out.append(line[6:])
+
+
+@pytest.mark.parametrize("signals, drain", [((signal.SIGTERM,), "1"), ((signal.SIGTERM, signal.SIGTERM), "60"),
+                                            ((signal.SIGINT, signal.SIGINT), "60")])
+def test_shutdown_drains_for_a_bounded_time_then_ends_requests_cleanly(long_dirs, signals, drain):
+    """A long stream runs and a non-streaming request waits when the signal comes: after --drain-seconds
+    (or at once on a second signal) the stream ends with an error event, the waiting request gets a
+    503, and the process exits 0 without a traceback."""
+    srv = Server(long_dirs, "--drafter", "model", "--drain-seconds", drain)
+    try:
+        events: list[str] = []
+        waiting: dict = {}
+        with httpx.stream("POST", srv.url + "/v1/completions", json={**LONG, "stream": True}, timeout=60) as r:
+            lines = r.iter_lines()
+            next(lines)  # the stream is running
+            queued = threading.Thread(target=lambda: waiting.update(r=post(srv, "completions", LONG)))
+            queued.start()
+            time.sleep(0.5)
+            t0 = time.time()
+            for sig in signals:
+                srv.proc.send_signal(sig)
+                time.sleep(0.3)
+            for line in lines:
+                if line.startswith("data: "):
+                    events.append(line[6:])
+        queued.join(timeout=30)
+        rc = srv.proc.wait(timeout=30)
+        took = time.time() - t0
+        log = srv.proc.stdout.read()
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+    assert took < 8, took  # ~15 s of queued work was not drained
+    assert rc == 0 and "Traceback" not in log, log
+    assert "shutting down" in json.loads(events[-1])["error"]["message"]
+    err = assert_error(waiting["r"], 503)
+    assert "shutting down" in err["message"]
