@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from specdecode.cli.generate import add_model_args, load_decoder
+from specdecode.cli.generate import add_model_args, load_decoder, positive_int
 from specdecode.cli.output import console, emit_json, table
 
 DEFAULT_PROMPTS = ["Write a Python function that reverses a string.", "def fibonacci(n):"]
@@ -23,8 +23,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature > 0 (default 1)")
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--samples", type=int, default=None, help="rounds per law check (default 400; quick 200)")
-    p.add_argument("--greedy-tokens", type=int, default=None, help="tokens for greedy identity (default 64)")
+    p.add_argument("--samples", type=positive_int, default=None, help="rounds per law check (default 400; quick 200)")
+    p.add_argument("--greedy-tokens", type=positive_int, default=None, help="tokens for greedy identity (default 64)")
     p.add_argument("--level", type=float, default=1e-3,
                    help="overall false-failure probability of the statistical checks (default 1e-3)")
     p.add_argument("--control", default="always-accept", choices=["always-accept", "residual-from-p"],

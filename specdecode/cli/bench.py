@@ -9,7 +9,7 @@ import platform
 import shlex
 from pathlib import Path
 
-from specdecode.cli.generate import add_model_args
+from specdecode.cli.generate import add_model_args, positive_int
 from specdecode.cli.output import console, emit_json
 
 
@@ -22,11 +22,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true",
                    help="one prompt per set, greedy, K in {2, 4}, 1 repetition, 32 tokens (a few minutes)")
     p.add_argument("--sets", nargs="+", default=None, help="prompt sets (codegen codeedit chat)")
-    p.add_argument("--prompts-per-set", type=int, default=None, help="use the first N prompts of each set")
+    p.add_argument("--prompts-per-set", type=positive_int, default=None, help="use the first N prompts of each set")
     p.add_argument("--modes", nargs="+", default=None, help="greedy and/or sampled (temperature 0.7)")
-    p.add_argument("--k-sweep", type=int, nargs="+", default=None, help="fixed K values (default 1..8)")
-    p.add_argument("--reps", type=int, default=None, help="timed repetitions per cell (default 3)")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per generation (default 128)")
+    p.add_argument("--k-sweep", type=positive_int, nargs="+", default=None, help="fixed K values (default 1..8)")
+    p.add_argument("--reps", type=positive_int, default=None, help="timed repetitions per cell (default 3)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=None, help="tokens per generation (default 128)")
     p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face generate() methods")
     p.add_argument("--out", default="bench-out", help="output directory (default bench-out/)")
     p.set_defaults(func=run_bench)

@@ -104,3 +104,25 @@ def test_cache_dir_env(monkeypatch, tmp_path):
     monkeypatch.delenv("SPECDECODE_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert weights.cache_dir() == tmp_path / "xdg" / "specdecode"
+
+
+def test_cache_dir_that_is_a_file_names_the_variable(monkeypatch, tmp_path):
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "file"))
+    with pytest.raises(ValueError, match=r"SPECDECODE_CACHE is '.*file', which is a file, not a directory; "
+                                         r"set SPECDECODE_CACHE to a writable directory"):
+        weights.cache_dir()
+    monkeypatch.delenv("SPECDECODE_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    (tmp_path / "specdecode").write_text("x")
+    with pytest.raises(ValueError, match=r"\$XDG_CACHE_HOME/specdecode.*set SPECDECODE_CACHE"):
+        weights.cache_dir()
+
+
+def test_cache_error_hint_only_for_paths_in_or_above_the_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "ro" / "cache"))
+    for where in [tmp_path / "ro" / "cache" / "models", tmp_path / "ro"]:
+        hint = weights.cache_error_hint(PermissionError(13, "Permission denied", str(where)))
+        assert hint is not None and "SPECDECODE_CACHE is" in hint and "writable directory" in hint
+    assert weights.cache_error_hint(PermissionError(13, "Permission denied", str(tmp_path / "elsewhere"))) is None
+    assert weights.cache_error_hint(OSError("no file name")) is None

@@ -95,6 +95,12 @@ def test_bad_device_is_one_line(capsys, model_dirs, device, message):
     (["generate", "x", "--draft-vocab", "many"], "argument --draft-vocab: must be an integer >= 0"),
     (["generate"], "the following arguments are required: prompt"),
     (["generat", "x"], "invalid choice: 'generat'"),
+    (["bench", "--reps", "0"], "argument --reps: must be an integer >= 1, got '0'"),
+    (["bench", "--prompts-per-set", "-1"], "argument --prompts-per-set: must be an integer >= 1"),
+    (["bench", "--max-new-tokens", "0"], "argument --max-new-tokens: must be an integer >= 1"),
+    (["bench", "--k-sweep", "2", "0"], "argument --k-sweep: must be an integer >= 1"),
+    (["audit", "--samples", "0"], "argument --samples: must be an integer >= 1"),
+    (["audit", "--greedy-tokens", "-3"], "argument --greedy-tokens: must be an integer >= 1"),
 ])
 def test_usage_errors_are_one_line_and_exit_2(capsys, argv, message):
     rc, err = run(capsys, *argv)
