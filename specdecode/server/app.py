@@ -90,6 +90,8 @@ def create_app(decoder: SpeculativeDecoder, model_id: str, max_queue: int = 16,
             param = cause.param
         elif err.get("type") == "json_invalid":
             message, param = "the request body is not valid JSON", None
+        elif err.get("type") == "extra_forbidden":
+            message = f"{param}: unknown field (not supported by this server)"
         elif param:
             message = f"{param}: {message}"
         count(metrics, request.url.path, 400)

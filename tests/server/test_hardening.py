@@ -200,6 +200,11 @@ def test_bad_input_is_a_400_naming_the_field(server, path, body, param):
     assert_error(post(server, path, body), 400, param)
 
 
+def test_unknown_field_is_named(server):
+    err = assert_error(post(server, "completions", {"model": "tiny", "prompt": "a", "frobnicate": 1}), 400, "frobnicate")
+    assert err["message"] == "frobnicate: unknown field (not supported by this server)"
+
+
 def test_prompt_of_zero_tokens_is_a_400(long_server):
     assert_error(post(long_server, "completions", {"model": "tiny", "prompt": "   "}), 400, "prompt")
 
