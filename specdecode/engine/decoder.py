@@ -25,7 +25,11 @@ Prompt = str | Sequence[dict]  # plain text, or chat messages [{"role": ..., "co
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
-    """What one round adds: new text and the tokens behind it, with where each came from."""
+    """What one round adds: new text and the tokens behind it, with where each came from.
+
+    A token comes with the chunk that shows the last of its text: text held back (a possible
+    stop string's start, an incomplete character) holds its tokens back too, so the tokens of
+    all chunks are exactly the output the text shows, also when a stop string cuts a round."""
 
     text: str
     tokens: list[int]
@@ -118,23 +122,41 @@ class SpeculativeDecoder:
         """`stream` for a prompt that is already token ids."""
         stats = stats if stats is not None else GenerationStats()
         rounds = self._rounds(list(ids), config, stats, speculative)
-        out: list[int] = []
+        detok = IncrementalDetokenizer(self.tokenizer)
+        text = ""  # the decoded output so far (complete characters only)
+        tokens: list[int] = []
+        sources: list[str] = []
+        ends: list[int] = []  # ends[i]: len(text) once token i was added
         shown = ""
+        released = 0  # tokens handed out in chunks: those whose text is all shown
         for rnd in rounds:
-            out += rnd.tokens
-            text = self.tokenizer.decode(out, skip_special_tokens=True)
+            for tok in rnd.tokens:
+                text += detok.add(tok)
+                ends.append(len(text))
+            tokens += rnd.tokens
+            sources += rnd.sources
             cut = _find_stop(text, config.stop, len(shown))
             if cut is not None:
-                yield Chunk(text[len(shown):cut], rnd.tokens, rnd.sources)
+                # The output (text and token count) ends with the token whose text holds the stop
+                # string's first character (text arrives in whole characters: a token that leaves
+                # one incomplete shows its text with the token completing it); the tokens after it
+                # are dropped and not counted. A stop never starts in text already shown, so no
+                # token already handed out is dropped (max: belt and braces).
+                total = max(released, next(i for i, e in enumerate(ends) if e > cut) + 1)
+                stats.cut_output(total)
+                yield Chunk(text[len(shown):cut], tokens[released:total], sources[released:total])
                 stats.finish_reason = "stop"
                 rounds.close()
                 return
             ready = _streamable_length(text, config.stop)
-            yield Chunk(text[len(shown):ready], rnd.tokens, rnd.sources)
-            shown = text[:ready]
-        tail = self.tokenizer.decode(out, skip_special_tokens=True)[len(shown):]
-        if tail:
-            yield Chunk(tail, [], [])
+            upto = released
+            while upto < len(ends) and ends[upto] <= ready:
+                upto += 1
+            yield Chunk(text[len(shown):ready], tokens[released:upto], sources[released:upto])
+            shown, released = text[:ready], upto
+        tail = detok.finish()[len(shown):]
+        if tail or released < len(tokens):
+            yield Chunk(tail, tokens[released:], sources[released:])
 
     def generate_ids(self, ids: Sequence[int], config: GenerationConfig = GenerationConfig(), *,
                      stats: GenerationStats | None = None, speculative: bool = True) -> list[int]:
@@ -221,6 +243,49 @@ def _eos_ids(tokenizer: PreTrainedTokenizerBase, model) -> set[int]:
     if gen_eos is not None:
         ids.update(int(i) for i in (gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos]))
     return ids
+
+
+class IncrementalDetokenizer:
+    """Output text token by token, at a cost per token that does not grow with the output.
+
+    `add` returns the text a token completes (complete characters only: a UTF-8 character split
+    across tokens appears with the token that completes it); `finish` returns the whole text,
+    exactly `tokenizer.decode(tokens, skip_special_tokens=True)` (one full decode, at the end).
+    Fast tokenizers step a `tokenizers.decoders.DecodeStream`; others (slow tokenizers, or ones
+    that clean up tokenization spaces, which DecodeStream does not) decode a bounded window
+    with the prefix-offset technique of vLLM/TGI: the text of tokens[prefix:] minus that of
+    tokens[prefix:read], emitted once it no longer ends in an incomplete character.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, use_stream: bool | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.tokens: list[int] = []
+        self._prefix = self._read = 0
+        backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
+        if use_stream is None:
+            use_stream = backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False)
+        self._stream = None
+        if use_stream:
+            from tokenizers.decoders import DecodeStream
+
+            self._backend, self._stream = backend, DecodeStream(skip_special_tokens=True)
+
+    def add(self, token: int) -> str:
+        self.tokens.append(token)
+        if self._stream is not None:
+            return self._stream.step(self._backend, token) or ""
+        prefix_text = self._decode(self.tokens[self._prefix:self._read])
+        new_text = self._decode(self.tokens[self._prefix:])
+        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+            self._prefix, self._read = self._read, len(self.tokens)
+            return new_text[len(prefix_text):]
+        return ""
+
+    def finish(self) -> str:
+        return self._decode(self.tokens)
+
+    def _decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True)
 
 
 def _streamable_length(text: str, stops: tuple[str, ...]) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from specdecode.core.theory import speedup
 
@@ -19,6 +19,11 @@ class RoundRecord:
     # draft positions that count as tested (None: min(accepted + 1, drafted), the positions up to
     # the first rejection); fewer when an EOS inside the accepted run ends the output early
     tested: int | None = None
+
+
+def _tested(record: RoundRecord) -> int:
+    """Draft positions a round tested, in the output's terms."""
+    return min(record.accepted + 1, record.drafted) if record.tested is None else record.tested
 
 
 @dataclass
@@ -38,7 +43,7 @@ class GenerationStats:
     def add_round(self, record: RoundRecord) -> None:
         self.rounds.append(record)
         self.new_tokens += record.emitted
-        reached = min(record.accepted + 1, record.drafted) if record.tested is None else record.tested
+        reached = _tested(record)
         grow = reached - len(self.reached_per_position)
         if grow > 0:
             self.reached_per_position += [0] * grow
@@ -46,6 +51,20 @@ class GenerationStats:
         for i in range(reached):
             self.reached_per_position[i] += 1
             self.accepted_per_position[i] += int(i < record.accepted)
+
+    def cut_output(self, total: int) -> None:
+        """The output ends after its first `total` tokens (a stop string cut it): count only
+        those, as new tokens and as accepted/tested drafts (as for an EOS inside a round)."""
+        while self.new_tokens > total:
+            record = self.rounds.pop()
+            self.new_tokens -= record.emitted
+            for i in range(_tested(record)):
+                self.reached_per_position[i] -= 1
+                self.accepted_per_position[i] -= int(i < record.accepted)
+            kept = total - self.new_tokens
+            if kept > 0:
+                self.add_round(replace(record, emitted=kept, accepted=min(record.accepted, kept),
+                                       tested=min(kept, _tested(record))))
 
     @property
     def num_rounds(self) -> int:

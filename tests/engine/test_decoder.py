@@ -96,6 +96,21 @@ def test_interleaved_streams_of_one_decoder_raise(decoder, same_prompt):
     assert first_b.tokens + [t for c in rest_b for t in c.tokens] == expected.tokens
 
 
+@pytest.mark.parametrize("start", [3, 10, 17])
+def test_stop_string_counts_only_tokens_up_to_it(decoder, start):
+    """A stop string inside a round: tokens and usage (stats.new_tokens) end with the token that
+    holds the stop's first character (one character per token here), not with the round."""
+    config = GenerationConfig(max_new_tokens=40, sampling=GREEDY, k=4)
+    full = decoder.generate("x = ", config)
+    stop = full.text[start:start + 2]
+    first = full.text.find(stop)
+    gen = decoder.generate("x = ", GenerationConfig(max_new_tokens=40, sampling=GREEDY, k=4, stop=(stop,)))
+    assert gen.text == full.text[:first]
+    assert gen.tokens == full.tokens[: first + 1]
+    assert gen.stats.new_tokens == first + 1 == sum(r.emitted for r in gen.stats.rounds)
+    assert gen.stats.accepted <= first + 1
+
+
 def test_chat_template_is_applied(decoder):
     ids = decoder.encode([{"role": "user", "content": "hi"}])
     assert decoder.tokenizer.decode(ids) == "[user]hi\n[assistant]"
