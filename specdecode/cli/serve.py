@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from specdecode.cli.generate import add_model_args, load_decoder
+from specdecode.cli.generate import add_model_args, load_decoder, port_number, positive_int
 from specdecode.cli.output import err_console
 
 
@@ -16,15 +16,15 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                    "speculation for itself.")
     add_model_args(p)
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    p.add_argument("--queue-size", type=int, default=16, help="requests allowed to wait (then 429)")
+    p.add_argument("--port", type=port_number, default=8000, help="port (default 8000)")
+    p.add_argument("--queue-size", type=positive_int, default=16, help="requests allowed to wait (then 429)")
     p.add_argument("--model-id", default=None, help="the model name clients send (default: the target's)")
-    p.add_argument("--max-body-bytes", type=int, default=4 * 2 ** 20,
+    p.add_argument("--max-body-bytes", type=positive_int, default=4 * 2 ** 20,
                    help="largest request body accepted (then 413; default 4 MiB)")
     p.add_argument("--drain-seconds", type=float, default=10,
                    help="on SIGTERM/SIGINT, how long queued and running requests may finish before they end "
                         "with a 503 (default 10; a second signal ends them at once)")
-    p.add_argument("--keep-alive-seconds", type=int, default=5,
+    p.add_argument("--keep-alive-seconds", type=positive_int, default=5,
                    help="close a connection idle this long, or one that has not sent a complete request head "
                         "(default 5)")
     p.set_defaults(func=run_serve)

@@ -155,3 +155,14 @@ def test_read_only_cache_names_the_variable(capsys, tmp_path, monkeypatch):
     line = one_line(err)
     assert rc == 1 and str(ro) in line and "SPECDECODE_CACHE is" in line
     assert "set SPECDECODE_CACHE to a writable directory" in line
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["serve", "--port", "70000"], "argument --port: must be a port number from 1 to 65535"),
+    (["serve", "--queue-size", "-1"], "argument --queue-size: must be an integer >= 1"),
+])
+def test_serve_flags_are_checked_before_loading(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and message in err and len(err.splitlines()) <= 2
