@@ -96,9 +96,14 @@ def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 def exponential_noise(shape: tuple[int, ...], generator: torch.Generator | None,
                       dtype: torch.dtype = torch.float64, device: torch.device | str = "cpu") -> torch.Tensor:
-    """Exp(1) noise for `sample_with_noise`, drawn from an explicit generator."""
-    noise = torch.empty(shape, dtype=dtype, device=device)
-    return noise.exponential_(1.0, generator=generator)
+    """Exp(1) noise for `sample_with_noise`, drawn from an explicit generator.
+
+    Drawn where the generator lives (the engine's is a CPU generator; None: the CPU default),
+    then moved to `device`: a seed gives the same noise whatever device the model runs on.
+    """
+    where = generator.device if generator is not None else torch.device("cpu")
+    noise = torch.empty(shape, dtype=dtype, device=where).exponential_(1.0, generator=generator)
+    return noise.to(device)
 
 
 def sample_with_noise(weights: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:

@@ -54,7 +54,10 @@ class Randomness:
     @staticmethod
     def draw(batch: int, k: int, vocab: int, generator: torch.Generator | None,
              device: torch.device | str = "cpu") -> "Randomness":
-        u = torch.rand((batch, k), generator=generator, dtype=torch.float64, device=device)
+        """Drawn where the generator lives (a CPU generator: the CPU), then moved to `device`
+        (p's): a seed gives the same randomness whatever device the models run on."""
+        where = generator.device if generator is not None else torch.device("cpu")
+        u = torch.rand((batch, k), generator=generator, dtype=torch.float64, device=where).to(device)
         return Randomness(u=u, noise=exponential_noise((batch, vocab), generator, device=device))
 
 
@@ -119,7 +122,7 @@ def verify_reference(draft_tokens: list[int], q: torch.Tensor | None, p: torch.T
     Returns the emitted tokens (accepted drafts + residual/bonus token)."""
     emitted: list[int] = []
     for i, x in enumerate(draft_tokens):
-        q_i = torch.zeros_like(p[i]).index_fill_(0, torch.tensor([x]), 1.0) if q is None else q[i]
+        q_i = torch.zeros_like(p[i]).index_fill_(0, torch.tensor([x], device=p.device), 1.0) if q is None else q[i]
         if q_i[x] > 0 and u[i].to(torch.float64) * q_i[x].to(torch.float64) < p[i, x].to(torch.float64):
             emitted.append(x)
             continue

@@ -175,8 +175,11 @@ def speculative_round(target: Model, drafters: Sequence[Drafter], policy: KPolic
     logits = target.forward([context[-1]] + drafts + padding, n_logits=size)[: len(drafts) + 1]
     p = logits_to_probs(logits, params)
     if drafts:
-        rand = Randomness.draw(1, len(drafts), p.shape[-1], generator)
-        result = rule(torch.tensor([drafts]), None if q is None else q.to(p.dtype)[None], p[None], rand)
+        # every tensor on p's device (q comes from the draft model's); the randomness is drawn
+        # on the generator's device (CPU) and moved, so a seed's output does not depend on the device
+        rand = Randomness.draw(1, len(drafts), p.shape[-1], generator, device=p.device)
+        draft_tokens = torch.tensor([drafts], dtype=torch.long, device=p.device)
+        result = rule(draft_tokens, None if q is None else q.to(device=p.device, dtype=p.dtype)[None], p[None], rand)
         n = int(result.n_accepted[0])
         emitted = result.emitted(0)
         sources = [DRAFT] * n + [BONUS if n == len(drafts) else CORRECTION]
