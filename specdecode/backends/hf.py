@@ -73,6 +73,13 @@ class HFModel:
     def dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
 
+    @property
+    def signature(self) -> str:
+        """What this model's speed depends on (the calibration cache's key): the bytes of its
+        weights (int8 or a restricted head change them), dtype, device and torch's threads."""
+        size = sum(t.numel() * t.element_size() for t in [*self.model.parameters(), *self.model.buffers()])
+        return f"transformers {self.name} ({size} B) {self.dtype} {self.device} threads={torch.get_num_threads()}"
+
     @torch.inference_mode()
     def forward(self, tokens: Sequence[int], n_logits: int = 1) -> torch.Tensor:
         n = len(tokens)

@@ -43,7 +43,16 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="target: transformers model directory or .gguf file "
                                     "(default: embedded Qwen2.5-Coder-1.5B-Instruct)")
     p.add_argument("--draft", help="draft: directory or .gguf (default: embedded Qwen2.5-Coder-0.5B-Instruct)")
-    p.add_argument("--dtype", default="auto", help="auto (= bfloat16), float32, bfloat16, float16, float64")
+    p.add_argument("--backend", default="auto", choices=["auto", "llama.cpp", "transformers"],
+                   help="auto (default): llama.cpp for GGUF files (the embedded pair) on CPU, transformers for "
+                        "model directories and on CUDA")
+    p.add_argument("--threads", type=int, default=0, help="llama.cpp threads (default 0 = the machine's cores)")
+    p.add_argument("--n-ctx", type=int, default=0,
+                   help="llama.cpp context size in tokens (default 0 = the model's, at most 32768)")
+    p.add_argument("--recalibrate", action="store_true",
+                   help="measure adaptive K's costs anew (they are cached per machine, model and backend)")
+    p.add_argument("--dtype", default="auto",
+                   help="transformers backend: auto (= bfloat16), float32, bfloat16, float16, float64")
     p.add_argument("--device", default="auto", help="auto (CUDA if available, else cpu), cpu, cuda, cuda:N")
     p.add_argument("--drafter", default="auto", choices=["auto", "model", "lookup"],
                    help="auto: prompt lookup when it finds a match, else the draft model (default); "
@@ -94,7 +103,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 def load_decoder(args: argparse.Namespace, speculative: bool = True):
     from specdecode.engine.decoder import SpeculativeDecoder
 
-    return SpeculativeDecoder.load(args.target, args.draft, drafter=args.drafter, dtype=args.dtype,
+    return SpeculativeDecoder.load(args.target, args.draft, drafter=args.drafter, backend=args.backend,
+                                   threads=args.threads, n_ctx=args.n_ctx, recalibrate=args.recalibrate,
+                                   dtype=args.dtype,
                                    device=args.device, draft_int8=args.draft_int8, draft_vocab=args.draft_vocab,
                                    draft_confidence=args.draft_confidence, speculative=speculative,
                                    progress=not getattr(args, "json", False))

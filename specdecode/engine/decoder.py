@@ -13,8 +13,9 @@ from specdecode.core.probs import SamplingParams
 from specdecode.drafters.lookup import LookupDrafter
 from specdecode.drafters.model import ModelDrafter
 from specdecode.drafters.protocol import Drafter
+from specdecode.engine.calibration import CalibrationStore, calibration_key
 from specdecode.engine.config import GenerationConfig
-from specdecode.engine.loop import generate_tokens
+from specdecode.engine.loop import calibrate, generate_tokens
 from specdecode.engine.policy import AdaptiveK
 from specdecode.engine.stats import GenerationStats
 
@@ -57,43 +58,71 @@ class SpeculativeDecoder:
     """
 
     def __init__(self, target: Model, tokenizer: PreTrainedTokenizerBase, drafters: Sequence[Drafter] = (),
-                 eos_ids: Sequence[int] | None = None, policy: AdaptiveK | None = None) -> None:
+                 eos_ids: Sequence[int] | None = None, policy: AdaptiveK | None = None,
+                 calibration: CalibrationStore | None = None, recalibrate: bool = False) -> None:
         self.target, self.tokenizer, self.drafters = target, tokenizer, list(drafters)
         self.policy = policy if policy is not None else AdaptiveK()
+        # where adaptive K's measured costs are kept across processes (None: measured per process)
+        self.calibration, self.recalibrate = calibration, recalibrate
         if eos_ids is None:
             eos_ids = _eos_ids(tokenizer, getattr(target, "model", None))
         self.eos_ids = frozenset(eos_ids)
 
     @classmethod
     def load(cls, target: str | None = None, draft: str | None = None, *, drafter: str = "auto",
-             dtype: str = "auto", device: str = "auto", draft_int8: bool | None = None,
+             backend: str = "auto", dtype: str = "auto", device: str = "auto", draft_int8: bool | None = None,
              draft_vocab: int | None = None, draft_confidence: float = 0.0, speculative: bool = True,
+             threads: int = 0, n_ctx: int = 0, recalibrate: bool = False,
              progress: bool = True) -> "SpeculativeDecoder":
         """Load target and draft: None = the embedded pair; else a model directory or a .gguf file.
 
+        backend: "llama.cpp" (GGUF files, CPU), "transformers", or "auto" (llama.cpp for GGUF on
+        CPU, else transformers). Both models run on the target's backend: two engines' thread
+        pools in one process slow each other down.
         drafter: "model" (draft model), "lookup" (prompt lookup, no draft model), or "auto"
         (lookup when it finds a match, else the draft model).
-        draft_int8 / draft_vocab: make the draft cheaper (exactness is unaffected; see
+        dtype: transformers only (llama.cpp runs the GGUF's own quantised weights).
+        draft_int8 / draft_vocab: make a transformers draft cheaper (exactness is unaffected; see
         backends/cheap.py). None = the measured default for the device.
         draft_confidence: stop a draft early when the draft's top probability falls below it
         (0 = off; speed only, the output law is unchanged).
+        threads / n_ctx: llama.cpp only (0 = the machine's cores / the model's context).
+        recalibrate: measure adaptive K's costs anew instead of reading them from the cache
+        directory, where they are kept per machine, model, backend and drafter.
         """
-        from specdecode.backends.weights import load_model  # heavy imports only when loading
+        from specdecode.backends.llamacpp import LlamaSettings
+        from specdecode.backends.weights import cache_dir, load_model, resolve_backend  # heavy: only when loading
 
         if drafter not in DRAFTER_CHOICES:
             raise ValueError(f"drafter must be one of {', '.join(DRAFTER_CHOICES)}, got {drafter!r}")
         device = resolve_device(device)
+        backend = resolve_backend(backend, target, device)
+        if backend == "llama.cpp":
+            if dtype != "auto":
+                raise ValueError(f"--dtype {dtype} applies to the transformers backend; llama.cpp runs the GGUF's "
+                                 f"own weights (add --backend transformers to choose a dtype)")
+            if draft_int8 or draft_vocab:
+                raise ValueError("--draft-int8/--draft-vocab apply to a transformers draft; on llama.cpp the "
+                                 "draft runs its GGUF as it is (add --backend transformers)")
+        elif threads or n_ctx:
+            raise ValueError("--threads/--n-ctx apply to the llama.cpp backend")
         torch_dtype = resolve_dtype(dtype, device)
-        target_model, tokenizer = load_model(target, "target", torch_dtype, device, progress=progress)
+        settings = LlamaSettings(n_ctx=n_ctx, n_threads=threads)
+        target_model, tokenizer = load_model(target, "target", torch_dtype, device, progress=progress,
+                                             backend=backend, llama_settings=settings)
         drafters: list[Drafter] = []
         if speculative and drafter in ("auto", "lookup"):
             drafters.append(LookupDrafter())
         if speculative and drafter in ("auto", "model"):
-            draft_model, draft_tokenizer = load_model(draft, "draft", torch_dtype, device, progress=progress)
+            draft_backend = resolve_backend(backend, draft, device)
+            draft_model, draft_tokenizer = load_model(draft, "draft", torch_dtype, device, progress=progress,
+                                                      backend=draft_backend, llama_settings=settings)
             check_compatible(target_model, tokenizer, draft_model, draft_tokenizer)
-            make_cheaper(draft_model, tokenizer, device, draft_int8, draft_vocab)
+            if draft_backend == "transformers":
+                make_cheaper(draft_model, tokenizer, device, draft_int8, draft_vocab)
             drafters.append(ModelDrafter(draft_model, min_confidence=draft_confidence))
-        return cls(target_model, tokenizer, drafters)
+        store = CalibrationStore(cache_dir() / "calibration")
+        return cls(target_model, tokenizer, drafters, calibration=store, recalibrate=recalibrate)
 
     def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
         """Token ids of a prompt. Messages always use the chat template; text does when chat=True."""
@@ -167,7 +196,23 @@ class SpeculativeDecoder:
     def _rounds(self, ids: list[int], config: GenerationConfig, stats: GenerationStats, speculative: bool):
         drafters = self.drafters if speculative else []
         policy = self.policy if config.k is None else None  # None: the loop pins FixedK(config.k)
+        if policy is not None and drafters and policy.wants_calibration():
+            self.calibrate(ids, config.sampling)
         return generate_tokens(self.target, drafters, ids, config, self.eos_ids, stats, policy)
+
+    def calibrate(self, ids: Sequence[int], params: SamplingParams = SamplingParams(temperature=0.0)) -> None:
+        """Give adaptive K its costs: from the calibration cache if it has them for this machine,
+        models and drafters, else measured after `ids` (and saved). Runs before the first
+        adaptive request by itself; call it earlier to keep it out of that request's latency."""
+        if not self.drafters:
+            return
+        measure = lambda: calibrate(self.policy, self.target, self.drafters, list(ids), params)  # noqa: E731
+        if self.calibration is None:
+            measure()
+        else:
+            self.calibration.ensure(self.policy, calibration_key(self.target, self.drafters), measure,
+                                    self.recalibrate)
+            self.recalibrate = False  # once per decoder
 
     def generate(self, prompt: Prompt, config: GenerationConfig = GenerationConfig(), *,
                  chat: bool | None = None, speculative: bool = True) -> Generation:
@@ -180,12 +225,13 @@ class SpeculativeDecoder:
 def generate(prompt: Prompt, target: str | None = None, draft: str | None = None, *, k: int | None = None,
              temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = 128,
              seed: int = 0, stop: Sequence[str] = (), chat: bool | None = None, speculative: bool = True,
-             dtype: str = "auto", device: str = "auto") -> Generation:
+             backend: str = "auto", dtype: str = "auto", device: str = "auto") -> Generation:
     """One call: load the pair (None = embedded) and generate; k=None is adaptive K.
     For many calls, build a SpeculativeDecoder once."""
     config = GenerationConfig(max_new_tokens=max_new_tokens, k=k, seed=seed, stop=tuple(stop),
                               sampling=SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k))
-    decoder = SpeculativeDecoder.load(target, draft, dtype=dtype, device=device, speculative=speculative)
+    decoder = SpeculativeDecoder.load(target, draft, backend=backend, dtype=dtype, device=device,
+                                      speculative=speculative)
     return decoder.generate(prompt, config, chat=chat, speculative=speculative)
 
 

@@ -65,11 +65,10 @@ def generate_tokens(target: Model, drafters: Sequence[Drafter], prompt: Sequence
     generator = torch.Generator().manual_seed(config.seed)
 
     t0 = time.perf_counter()
+    if drafters and policy.wants_calibration():
+        calibrate(policy, target, drafters, prompt, params)
     prefill(target, drafters, prompt)
     policy.begin()
-    if drafters and policy.wants_calibration():
-        policy.calibrate(lambda n: time_pass(target, prompt[-1], n),
-                         {d.name: (lambda d=d: _time_step(d, prompt, params)) for d in drafters})
     stats.t_prefill = time.perf_counter() - t0
 
     context = prompt
@@ -207,6 +206,15 @@ def _draft(drafters: Sequence[Drafter], policy: KPolicy, context: list[int], k_c
             q = None if proposal.q is None else proposal.q[:k]
             return drafter, Proposal(proposal.tokens[:k], q, proposal.step_seconds)
     return None, None
+
+
+def calibrate(policy: KPolicy, target: Model, drafters: Sequence[Drafter], prompt: Sequence[int],
+              params: SamplingParams) -> None:
+    """Measure the target's pass costs and each drafter's step cost after `prompt` (caches reset after)."""
+    prompt = list(prompt)
+    prefill(target, drafters, prompt)
+    policy.calibrate(lambda n: time_pass(target, prompt[-1], n),
+                     {d.name: (lambda d=d: _time_step(d, prompt, params)) for d in drafters})
 
 
 def _time_step(drafter: Drafter, prompt: list[int], params: SamplingParams) -> float | None:

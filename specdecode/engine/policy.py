@@ -180,6 +180,15 @@ class AdaptiveK:
         self.t_verify = {n: t for (kind, n), t in medians.items() if kind == "pass"}
         self.t_step = {name: t for (kind, name), t in medians.items() if kind == "step"}
 
+    def costs(self) -> dict:
+        """The measured costs, as JSON-able data (see engine/calibration.py)."""
+        return {"t_verify": {str(n): t for n, t in self.t_verify.items()}, "t_step": dict(self.t_step)}
+
+    def load_costs(self, costs: dict) -> None:
+        """Take costs measured earlier (`costs()`) instead of calibrating."""
+        self.t_verify = {int(n): float(t) for n, t in costs["t_verify"].items()}
+        self.t_step = {str(name): float(t) for name, t in costs["t_step"].items()}
+
     def _track(self, table: dict, key, t: float) -> None:
         table[key] = t if key not in table else (1 - self.ema) * table[key] + self.ema * t
 

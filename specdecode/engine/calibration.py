@@ -1,0 +1,86 @@
+"""Adaptive K's measured costs, kept per machine, model, backend and drafter in the cache directory.
+
+Calibrating (timing target passes of 1..9 tokens and each drafter's step) takes seconds
+on the llama.cpp backend and up to a minute on a slow one; doing it once per machine
+keeps it out of every process's first request, and makes K, and so a seeded sample,
+the same in every process that reads the same file. `recalibrate=True` measures anew
+(and rewrites the file); delete the directory to forget every entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import tempfile
+from pathlib import Path
+from typing import Callable, Sequence
+
+from specdecode.drafters.protocol import Drafter
+
+
+def machine_id() -> str:
+    """The CPU model and core count: what the timings depend on besides the model."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 0
+    return f"{cpu} x{cores}"
+
+
+def signature(model) -> str:
+    """What a model's speed depends on: its backend's own description if it has one, else its name."""
+    return str(getattr(model, "signature", None) or model.name)
+
+
+def calibration_key(target, drafters: Sequence[Drafter]) -> str:
+    parts = [machine_id(), signature(target)]
+    for d in drafters:
+        model = getattr(d, "model", None)
+        parts.append(d.name + (f"({signature(model)})" if model is not None else ""))
+    return " | ".join(parts)
+
+
+class CalibrationStore:
+    """JSON files under `directory`, one per calibration key (the key is stored inside, too)."""
+
+    def __init__(self, directory: str | os.PathLike) -> None:
+        self.directory = Path(directory)
+
+    def path(self, key: str) -> Path:
+        return self.directory / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+
+    def load(self, key: str) -> dict | None:
+        try:
+            data = json.loads(self.path(key).read_text())
+        except (OSError, ValueError):
+            return None  # absent or unreadable: measure anew
+        return data.get("costs") if data.get("key") == key else None
+
+    def save(self, key: str, costs: dict) -> None:
+        """Write atomically; a cache that cannot be written only costs a recalibration next time."""
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".calibration-")
+            with os.fdopen(fd, "w") as f:
+                json.dump({"key": key, "costs": costs}, f, indent=1)
+            os.replace(tmp, self.path(key))
+        except OSError:
+            pass
+
+    def ensure(self, policy, key: str, measure: Callable[[], None], recalibrate: bool = False) -> bool:
+        """Give `policy` its costs from the file, or `measure` them and save. True if loaded."""
+        costs = None if recalibrate else self.load(key)
+        if costs is not None:
+            policy.load_costs(costs)
+            return True
+        measure()
+        self.save(key, policy.costs())
+        return False

@@ -1,0 +1,104 @@
+"""Adaptive K's costs are measured once per machine/model/backend/drafter and kept in the cache directory,
+so a second process skips the calibration and a seed gives the same sample in both."""
+
+import json
+
+import pytest
+
+from specdecode.core.probs import SamplingParams
+from specdecode.drafters.lookup import LookupDrafter
+from specdecode.drafters.model import ModelDrafter
+from specdecode.engine.calibration import CalibrationStore, calibration_key
+from specdecode.engine.config import GenerationConfig
+from specdecode.engine.decoder import SpeculativeDecoder
+from specdecode.engine.policy import AdaptiveK
+from tests.tiny import CHARS, SPECIALS, char_tokenizer, tiny_pair
+
+VOCAB = len(SPECIALS) + len(CHARS)
+SAMPLED = GenerationConfig(max_new_tokens=40, sampling=SamplingParams(temperature=1.0), k=None, seed=11)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_pair(vocab=VOCAB, seed=4, noise=0.1, scale=0.3)
+
+
+def make(pair, store, recalibrate=False):
+    target, draft = pair
+    return SpeculativeDecoder(target, char_tokenizer(), [LookupDrafter(), ModelDrafter(draft)], eos_ids=[0],
+                              policy=AdaptiveK(), calibration=store, recalibrate=recalibrate)
+
+
+class CountingPolicy(AdaptiveK):
+    calibrations = 0
+
+    def calibrate(self, time_pass, time_step):
+        CountingPolicy.calibrations += 1
+        super().calibrate(time_pass, time_step)
+
+
+def test_first_decoder_measures_and_saves(pair, tmp_path):
+    store = CalibrationStore(tmp_path)
+    first = make(pair, store)
+    first.generate("def f(x):", SAMPLED)
+    files = list(tmp_path.glob("*.json"))
+    assert len(files) == 1
+    saved = json.loads(files[0].read_text())
+    assert saved["key"] == calibration_key(first.target, first.drafters)
+    assert set(saved["costs"]["t_step"]) == {"lookup", "model"} and len(saved["costs"]["t_verify"]) == 9
+
+
+def test_second_decoder_reads_the_costs_and_reproduces_the_sample(pair, tmp_path):
+    store = CalibrationStore(tmp_path)
+    # costs under which drafting pays (a flat pass, a cheap draft), as a machine would have measured them
+    key = calibration_key(make(pair, store).target, make(pair, store).drafters)
+    store.save(key, {"t_verify": {str(n): 0.01 for n in range(1, 10)}, "t_step": {"lookup": 1e-5, "model": 1e-3}})
+    samples = []
+    for _ in range(2):  # two processes would start like this: an empty policy, the same cache
+        decoder = make(pair, store)
+        decoder.policy.__class__ = CountingPolicy
+        CountingPolicy.calibrations = 0
+        out = decoder.generate("def f(x):", SAMPLED)
+        assert CountingPolicy.calibrations == 0  # read from the file, not measured
+        assert decoder.policy.t_verify[1] == 0.01
+        assert max(r.drafted for r in out.stats.rounds) >= 2  # K follows the loaded costs
+        samples.append(out.tokens)
+    assert samples[0] == samples[1]  # same costs + per-request acceptance state: same K, same sample
+
+
+def test_recalibrate_measures_and_rewrites(pair, tmp_path):
+    store = CalibrationStore(tmp_path)
+    make(pair, store).generate("x = 1", SAMPLED)
+    decoder = make(pair, store, recalibrate=True)
+    decoder.policy.__class__ = CountingPolicy
+    CountingPolicy.calibrations = 0
+    decoder.generate("x = 1", SAMPLED)
+    decoder.generate("x = 2", SAMPLED)
+    assert CountingPolicy.calibrations == 1  # once, not per request
+
+
+def test_key_separates_models_and_drafters(pair):
+    target, draft = pair
+    with_model = calibration_key(target, [LookupDrafter(), ModelDrafter(draft)])
+    lookup_only = calibration_key(target, [LookupDrafter()])
+    swapped = calibration_key(draft, [LookupDrafter(), ModelDrafter(target)])
+    assert len({with_model, lookup_only, swapped}) == 3
+
+
+def test_unreadable_or_foreign_files_are_ignored(pair, tmp_path):
+    store = CalibrationStore(tmp_path)
+    key = "machine | model"
+    store.path(key).write_text("not json")
+    assert store.load(key) is None
+    store.path(key).write_text(json.dumps({"key": "another key", "costs": {"t_verify": {}, "t_step": {}}}))
+    assert store.load(key) is None  # a hash collision or an edited file never feeds wrong costs
+    store.save(key, {"t_verify": {"1": 0.1}, "t_step": {"lookup": 0.0}})
+    assert store.load(key) == {"t_verify": {"1": 0.1}, "t_step": {"lookup": 0.0}}
+
+
+def test_unwritable_directory_only_costs_a_recalibration(pair, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    store = CalibrationStore(blocker / "calibration")  # cannot be created
+    out = make(pair, store).generate("def g():", SAMPLED)
+    assert len(out.tokens) > 0
