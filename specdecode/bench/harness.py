@@ -19,7 +19,7 @@ from importlib import resources
 import torch
 from tqdm.auto import tqdm
 
-from specdecode.backends.hf import HFModel
+from specdecode.backends.protocol import Model
 from specdecode.bench.methods import BASELINE, Method, RunResult
 from specdecode.core.probs import GREEDY, SamplingParams
 from specdecode.engine.loop import prefill, time_pass
@@ -65,7 +65,7 @@ def load_prompts(name: str) -> list[dict]:
     return json.loads(resources.files("specdecode.bench").joinpath("prompts", f"{name}.json").read_text())
 
 
-def measure_cost_curve(target: HFModel, ids: list[int], max_n: int, reps: int = 3) -> list[float]:
+def measure_cost_curve(target: Model, ids: list[int], max_n: int, reps: int = 3) -> list[float]:
     """Median wall time of a target pass over n = 1..max_n tokens after the prompt, timed in
     interleaved sweeps like the adaptive-K calibration (a slow spell hits every size alike)."""
     prefill(target, [], ids)

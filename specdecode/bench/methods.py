@@ -23,6 +23,7 @@ from specdecode.engine.policy import AdaptiveK
 from specdecode.engine.stats import GenerationStats
 
 BASELINE = "plain"
+PLAIN_DECODERS = (BASELINE, "llama.cpp plain", "hf plain")  # the plain decoders a run may measure
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,3 +96,78 @@ def hf_methods(target: HFModel, plain_draft: HFModel | None, eos_ids: frozenset[
         methods.append(make("hf assisted", assistant_model=plain_draft.model))
     methods.append(make("hf prompt-lookup", prompt_lookup_num_tokens=10))
     return methods
+
+
+# --- builders: each runs inside its own benchmark process (bench/workers.py) and loads its models ---
+
+def build_ours(target: str | None, draft: str | None, backend: str, dtype: str, device: str, threads: int,
+               n_ctx: int, k_sweep: list[int], with_hf: bool, curve_ids: list[int],
+               curve_max: int) -> tuple[list[Method], dict]:
+    """Our methods on `backend` (and, on the transformers backend, HF generate on the same weights);
+    info: the target's measured cost curve after `curve_ids`, names, the EOS ids and dtype."""
+    import copy
+
+    from specdecode.backends.hf import HFModel, resolve_device, resolve_dtype
+    from specdecode.backends.llamacpp import LlamaSettings
+    from specdecode.backends.weights import load_model
+    from specdecode.bench.harness import measure_cost_curve
+    from specdecode.engine.decoder import check_compatible, make_cheaper
+
+    device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, device)
+    settings = LlamaSettings(n_threads=threads, n_ctx=n_ctx)
+    target_model, tokenizer = load_model(target, "target", torch_dtype, device, progress=False, backend=backend,
+                                         llama_settings=settings)
+    draft_model, draft_tok = load_model(draft, "draft", torch_dtype, device, progress=False, backend=backend,
+                                        llama_settings=settings)
+    check_compatible(target_model, tokenizer, draft_model, draft_tok)
+    eos_ids = SpeculativeDecoder(target_model, tokenizer).eos_ids
+    info = {"target": target_model.name, "draft": draft_model.name, "eos_ids": sorted(eos_ids),
+            "dtype": str(torch_dtype).replace("torch.", "") if backend == "transformers" else "gguf",
+            "exact": backend == "transformers" and torch_dtype in (torch.float32, torch.float64),
+            "cost_curve": measure_cost_curve(target_model, curve_ids, curve_max)}
+    if backend != "transformers":  # the draft runs its GGUF as it is: no cheaper variant to compare
+        return our_methods(target_model, tokenizer, draft_model, None, k_sweep, eos_ids), info
+    cheap = HFModel(copy.deepcopy(draft_model.model), f"{draft_model.name} (cheap: CPU defaults)")
+    make_cheaper(cheap, tokenizer, device, None, None)
+    methods = our_methods(target_model, tokenizer, cheap, draft_model, k_sweep, eos_ids)
+    if with_hf:
+        methods += hf_methods(target_model, draft_model, eos_ids, tokenizer.pad_token_id)
+    return methods, info
+
+
+def build_llamacpp_native(target: str | None, threads: int, n_ctx: int,
+                          eos_ids: list[int]) -> tuple[list[Method], dict]:
+    """llama.cpp's own decoding of the same GGUF (llama-cpp-python's `Llama.generate`): plain, and
+    its prompt-lookup speculative decoding. Peers measured side by side, not our code."""
+    from llama_cpp import Llama
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    from specdecode.backends.llamacpp import default_threads
+    from specdecode.backends.weights import EMBEDDED, ensure_gguf
+
+    path = str(ensure_gguf(EMBEDDED["target"], progress=False) if target in (None, "embedded") else target)
+    threads = threads or default_threads()
+
+    def make(name: str, **extra) -> Method:
+        llm = Llama(model_path=path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=512,
+                    verbose=False, **extra)
+
+        def run(ids: list[int], sampling: SamplingParams, seed: int, max_new: int) -> RunResult:
+            llm.reset()  # no KV reuse across runs: every method prefills its prompt
+            llm.set_seed(seed)
+            temp = 0.0 if sampling.greedy else sampling.temperature
+            out: list[int] = []
+            t0 = time.perf_counter()
+            for tok in llm.generate(ids, temp=temp, top_k=sampling.top_k, top_p=sampling.top_p,
+                                    min_p=sampling.min_p, typical_p=1.0, repeat_penalty=1.0, reset=True):
+                out.append(int(tok))
+                if tok in eos_ids or len(out) >= max_new:
+                    break
+            return RunResult(out, time.perf_counter() - t0, None)
+
+        return Method(name, "llama.cpp", None, run)
+
+    return [make("llama.cpp plain"),
+            make("llama.cpp prompt-lookup", draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10))], \
+        {"threads": threads}

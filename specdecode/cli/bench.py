@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import copy
 import json
+import os
 import platform
 import shlex
 from pathlib import Path
@@ -27,20 +27,24 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--k-sweep", type=positive_int, nargs="+", default=None, help="fixed K values (default 1..8)")
     p.add_argument("--reps", type=positive_int, default=None, help="timed repetitions per cell (default 3)")
     p.add_argument("--max-new-tokens", type=positive_int, default=None, help="tokens per generation (default 128)")
-    p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face generate() methods")
+    p.add_argument("--hf", action=argparse.BooleanOptionalAction, default=None,
+                   help="include Hugging Face generate() (plain, assisted, prompt lookup); default: on for the "
+                        "transformers backend, off for llama.cpp (it needs the float32 conversion)")
+    p.add_argument("--llama-cpp", action=argparse.BooleanOptionalAction, default=None,
+                   help="include llama.cpp's own plain and prompt-lookup decoding of the same GGUF "
+                        "(default: on for GGUF targets on CPU)")
     p.add_argument("--out", default="bench-out", help="output directory (default bench-out/)")
     p.set_defaults(func=run_bench)
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    import torch
-
-    from specdecode.backends.hf import HFModel, resolve_device, resolve_dtype
-    from specdecode.backends.weights import load_model
-    from specdecode.bench.harness import PROMPT_SETS, BenchConfig, exact_dtype, measure_cost_curve, run_benchmark
-    from specdecode.bench.methods import hf_methods, our_methods
+    from specdecode.backends.hf import resolve_device
+    from specdecode.backends.weights import is_gguf, resolve_backend
+    from specdecode.bench.harness import PROMPT_SETS, BenchConfig, run_benchmark
+    from specdecode.bench.methods import build_llamacpp_native, build_ours
     from specdecode.bench.report import markdown, plot, summarise
-    from specdecode.engine.decoder import SpeculativeDecoder, check_compatible, make_cheaper
+    from specdecode.bench.workers import MethodWorker
+    from specdecode.engine.decoder import SpeculativeDecoder
 
     quick = args.quick
     k_sweep = args.k_sweep or ([2, 4] if quick else list(range(1, 9)))
@@ -54,35 +58,57 @@ def run_bench(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens or (32 if quick else 128),
     )
     device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
-    target, tokenizer = load_model(args.target, "target", dtype, device)
-    plain_draft, draft_tok = load_model(args.draft, "draft", dtype, device)
-    check_compatible(target, tokenizer, plain_draft, draft_tok)
-    cheap_draft = HFModel(copy.deepcopy(plain_draft.model), f"{plain_draft.name} (cheap: CPU defaults)")
-    make_cheaper(cheap_draft, tokenizer, device, None, None)
-    helper = SpeculativeDecoder(target, tokenizer)
-
-    methods = our_methods(target, tokenizer, cheap_draft, plain_draft, k_sweep, helper.eos_ids)
-    if not args.no_hf:
-        methods += hf_methods(target, plain_draft, helper.eos_ids, tokenizer.pad_token_id)
-    sample_ids = helper.encode("def f(x):\n    return x * 2\n" * 4)
-    curve = measure_cost_curve(target, sample_ids, max_n=max(12, max(k_sweep) + 2))
-    bench = run_benchmark(methods, helper.encode, config, exact_dtype(dtype))
-    summary = summarise(bench, curve)
+    backend = resolve_backend(args.backend, args.target, device)
+    with_hf = args.hf if args.hf is not None else backend == "transformers"
+    with_llama = args.llama_cpp if args.llama_cpp is not None else is_gguf(args.target) and device == "cpu"
+    if with_llama and not is_gguf(args.target):
+        raise ValueError("--llama-cpp needs a GGUF target (llama.cpp runs GGUF files)")
+    # The parent only tokenises: every engine runs in its own process (their thread pools collide).
+    helper = SpeculativeDecoder.load(args.target, drafter="lookup", backend=backend, dtype=args.dtype,
+                                     device=device, speculative=False, n_ctx=256 if backend == "llama.cpp" else 0,
+                                     progress=True)
+    encode = helper.encode
+    curve_ids = encode("def f(x):\n    return x * 2\n" * 4)
+    eos_ids = sorted(helper.eos_ids)
+    del helper
+    n_ctx = args.n_ctx or 4096
+    workers = [MethodWorker(build_ours, target=args.target, draft=args.draft, backend=backend, dtype=args.dtype,
+                            device=device, threads=args.threads, n_ctx=n_ctx if backend == "llama.cpp" else 0,
+                            k_sweep=k_sweep, with_hf=with_hf, curve_ids=curve_ids,
+                            curve_max=max(16, max(k_sweep) + 2))]
+    if with_llama:
+        workers.append(MethodWorker(build_llamacpp_native, target=args.target, threads=args.threads, n_ctx=n_ctx,
+                                    eos_ids=eos_ids))
+    if with_hf and backend != "transformers":  # HF needs torch weights: its own process
+        workers.append(MethodWorker(build_ours, target=args.target, draft=args.draft, backend="transformers",
+                                    dtype=args.dtype if args.dtype != "auto" else "auto", device=device, threads=0,
+                                    n_ctx=0, k_sweep=[], with_hf=True, curve_ids=curve_ids, curve_max=2))
+    try:
+        ours = workers[0].info
+        methods = [m for w in workers for m in w.methods()
+                   if w is workers[0] or m.family != "ours"]  # a second torch process adds only HF's rows
+        bench = run_benchmark(methods, encode, config, ours["exact"])
+    finally:
+        for w in workers:
+            w.close()
+    summary = summarise(bench, ours["cost_curve"])
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"command": "specdecode " + shlex.join(args.argv),
-            "machine": f"{platform.machine()} {platform.system()}, {torch.get_num_threads()} threads, "
-                       f"device {device}",
-            "target": target.name, "draft": plain_draft.name, "dtype": str(dtype).replace("torch.", ""),
+            "machine": f"{platform.machine()} {platform.system()}, {os.cpu_count()} cores, device {device}, "
+                       f"backend {backend}, threads {args.threads or 'default'}",
+            "target": ours["target"], "draft": ours["draft"], "dtype": ours["dtype"],
             "max_new_tokens": config.max_new_tokens, "reps": config.reps, "warmup": config.warmup,
-            "k_sweep": k_sweep, "cost_curve": curve, "errors": bench["errors"], "divergences": bench["divergences"]}
+            "k_sweep": k_sweep, "cost_curve": ours["cost_curve"], "errors": bench["errors"],
+            "divergences": bench["divergences"]}
     (out / "results.json").write_text(json.dumps({"meta": meta, "summary": summary}, indent=1, default=float))
     (out / "results.md").write_text(markdown(summary, meta))
     plot(summary, k_sweep, out / "speedup.png")
     console.print(markdown(summary, meta), markup=False, highlight=False)
     emit_json({"out": str(out), "errors": len(bench["errors"]), "divergences": len(bench["divergences"]),
                "speedup": {s: {m: {name: round(r["speedup"], 3) for name, r in rows.items()}
-                               for m, rows in modes.items()} for s, modes in summary.items()}})
+                               for m, rows in modes.items()} for s, modes in summary.items()},
+               "vs_fastest_plain": {s: {m: {name: round(r["vs_fastest_plain"], 3) for name, r in rows.items()}
+                                        for m, rows in modes.items()} for s, modes in summary.items()}})
     return 1 if bench["errors"] else 0

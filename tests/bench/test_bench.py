@@ -77,3 +77,21 @@ def test_bench_config_validation():
         BenchConfig(sets=("poetry",))
     with pytest.raises(ValueError, match="modes"):
         BenchConfig(modes=("beam",))
+
+
+@pytest.mark.slow
+def test_bench_on_llamacpp_has_llamacpp_peers(tmp_path, capsys):
+    """The default backend for the embedded GGUF pair: llama.cpp's own decoders are rows of the table
+    (run in their own process), and every method is also reported against the fastest plain decoder."""
+    out = tmp_path / "out"
+    rc = main(["bench", "--quick", "--sets", "codeedit", "--k-sweep", "2", "--max-new-tokens", "8",
+               "--out", str(out)])
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0 and summary["errors"] == 0
+    rows = json.loads((out / "results.json").read_text())["summary"]["codeedit"]["greedy"]
+    assert {"plain", "auto adaptive", "lookup adaptive", "llama.cpp plain", "llama.cpp prompt-lookup"} <= set(rows)
+    assert not any(name.startswith("hf") for name in rows)  # HF needs the float32 conversion: opt-in here
+    fastest = max(rows[m]["tokens_per_s"] for m in ("plain", "llama.cpp plain"))
+    assert max(rows[m]["vs_fastest_plain"] for m in ("plain", "llama.cpp plain")) == pytest.approx(1.0)
+    assert rows["plain"]["vs_fastest_plain"] == pytest.approx(rows["plain"]["tokens_per_s"] / fastest)
+    assert "vs fastest plain" in (out / "results.md").read_text()
