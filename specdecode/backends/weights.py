@@ -125,8 +125,9 @@ def load_model(ref: str | os.PathLike | None, role: str, dtype: torch.dtype, dev
     on `backend` (already resolved). Returns (model, tokenizer)."""
     embedded = ref is None or str(ref) == "embedded"
     if backend == "llama.cpp":
-        from specdecode.backends.llamacpp import LlamaCppModel, LlamaSettings, LlamaWeights
+        from specdecode.backends.llamacpp import LlamaCppModel, LlamaSettings, LlamaWeights, yield_torch_threads
 
+        yield_torch_threads()
         path = ensure_gguf(EMBEDDED[role], progress=progress) if embedded else _existing_gguf(Path(ref))
         name = f"{role}:{EMBEDDED[role].name}" if embedded else path.stem
         weights = LlamaWeights(path, name)

@@ -60,16 +60,19 @@ class CostModel:
     t_draft:  time for the drafter to propose one token.
     t_verify: t_verify[n-1] = time of one target pass over n tokens (n = 1 is a
               plain decode step). Must cover n = 1..K+1 for the K asked about.
+    t_setup:  a fixed cost of drafting at all this round (K >= 1), e.g. a draft model
+              catching up on text emitted while it sat out; 0 in the documents' model.
     """
 
     t_draft: float
     t_verify: tuple[float, ...]
+    t_setup: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.t_verify or any(t <= 0 for t in self.t_verify):
             raise ValueError("t_verify must be a non-empty sequence of positive times (index 0 = 1 token)")
-        if self.t_draft < 0:
-            raise ValueError(f"t_draft must be >= 0, got {self.t_draft}")
+        if self.t_draft < 0 or self.t_setup < 0:
+            raise ValueError(f"t_draft and t_setup must be >= 0, got {self.t_draft}, {self.t_setup}")
 
     @staticmethod
     def flat(c: float, max_k: int = 64) -> "CostModel":
@@ -79,8 +82,8 @@ class CostModel:
         return CostModel(t_draft=1.0 / c, t_verify=(1.0,) * (max_k + 1))
 
     @staticmethod
-    def measured(t_draft: float, t_verify: Sequence[float]) -> "CostModel":
-        return CostModel(t_draft=float(t_draft), t_verify=tuple(float(t) for t in t_verify))
+    def measured(t_draft: float, t_verify: Sequence[float], t_setup: float = 0.0) -> "CostModel":
+        return CostModel(t_draft=float(t_draft), t_verify=tuple(float(t) for t in t_verify), t_setup=float(t_setup))
 
     @property
     def max_k(self) -> int:
@@ -92,11 +95,11 @@ class CostModel:
         return self.t_verify[0] / self.t_draft if self.t_draft > 0 else float("inf")
 
     def round_time(self, k: int) -> float:
-        """T_verify(K+1 tokens) + K * T_draft; K = 0 is a plain decode step."""
+        """T_verify(K+1 tokens) + K * T_draft (+ t_setup if K >= 1); K = 0 is a plain decode step."""
         _check_k(k, minimum=0)
         if k > self.max_k:
             raise ValueError(f"the cost curve covers K <= {self.max_k}, asked for K={k}")
-        return self.t_verify[k] + k * self.t_draft
+        return self.t_verify[k] + k * self.t_draft + (self.t_setup if k else 0.0)
 
     def speedup(self, alpha: float, k: int) -> float:
         """Expected tokens per unit time relative to plain decoding."""

@@ -76,14 +76,24 @@ class ModelDrafter:
         step = (time.perf_counter() - t0) / max(1, len(tokens))
         return Proposal(tokens, torch.stack(rows) if rows else None, step_seconds=step)
 
+    def lag(self, context: Sequence[int]) -> int:
+        """Tokens of `context` this drafter would feed as a separate catch-up pass before drafting
+        (0 when in sync: up to two new tokens go into the first draft step itself)."""
+        feed = len(context) - self._common_prefix(context)
+        return feed - 1 if feed > 2 else 0
+
     def observe(self, drafted: int, accepted: int) -> None:
         pass  # rollback happens lazily at the next sync, from the context itself
 
-    def _rollback_to_common_prefix(self, context: Sequence[int]) -> None:
+    def _common_prefix(self, context: Sequence[int]) -> int:
         n = min(len(self._fed), len(context) - 1)  # keep >= 1 token to feed: it yields q_1
         common = 0
         while common < n and self._fed[common] == context[common]:
             common += 1
+        return common
+
+    def _rollback_to_common_prefix(self, context: Sequence[int]) -> None:
+        common = self._common_prefix(context)
         if common < len(self._fed):
             self.model.truncate(common)
             del self._fed[common:]

@@ -198,7 +198,8 @@ def _draft(drafters: Sequence[Drafter], policy: KPolicy, context: list[int], k_c
            params: SamplingParams, generator: torch.Generator) -> tuple[Drafter | None, Proposal | None]:
     """Ask the drafters in order; the first non-empty proposal (cut to K) wins."""
     for drafter in drafters:
-        k = min(policy.choose(drafter.name), k_cap)
+        lag = getattr(drafter, "lag", None)  # tokens a stateful drafter must catch up on first
+        k = min(policy.choose(drafter.name, lag(context) if lag else 0), k_cap)
         if k < 1:
             continue
         proposal = drafter.propose(context, k, params, generator)
@@ -214,7 +215,8 @@ def calibrate(policy: KPolicy, target: Model, drafters: Sequence[Drafter], promp
     prompt = list(prompt)
     prefill(target, drafters, prompt)
     policy.calibrate(lambda n: time_pass(target, prompt[-1], n),
-                     {d.name: (lambda d=d: _time_step(d, prompt, params)) for d in drafters})
+                     {d.name: (lambda d=d: _time_step(d, prompt, params)) for d in drafters},
+                     {d.name: (lambda d=d: _time_catchup(d, prompt, params)) for d in drafters if hasattr(d, "lag")})
 
 
 def _time_step(drafter: Drafter, prompt: list[int], params: SamplingParams) -> float | None:
@@ -226,6 +228,20 @@ def _time_step(drafter: Drafter, prompt: list[int], params: SamplingParams) -> f
     if proposal.tokens and proposal.step_seconds is not None:
         return proposal.step_seconds
     return elapsed / max(1, len(proposal.tokens))  # e.g. lookup: the cost of looking
+
+
+def _time_catchup(drafter: Drafter, prompt: list[int], params: SamplingParams, n: int = 16) -> float | None:
+    """A stateful drafter's time per token to catch up on `n` tokens it has not seen (state reset after)."""
+    context = list(prompt) + [prompt[-1]] * n  # the ids do not change the cost
+    generator = torch.Generator().manual_seed(0)  # own RNG: no effect on output
+    drafter.propose(context[:-n], 1, params, generator)  # in sync up to n tokens before the end
+    t0 = time.perf_counter()
+    proposal = drafter.propose(context, 1, params, generator)  # catch up on n - 1, then one draft step
+    elapsed = time.perf_counter() - t0
+    drafter.reset()
+    if not proposal.tokens:
+        return None  # e.g. the draft's context is too short for the measurement
+    return max(0.0, elapsed - (proposal.step_seconds or 0.0)) / (n - 1)
 
 
 def time_pass(target: Model, token: int, n: int) -> float | None:

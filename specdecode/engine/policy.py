@@ -34,8 +34,9 @@ class KPolicy(Protocol):
     def begin(self) -> None:
         """A new request starts."""
 
-    def choose(self, drafter: str) -> int:
-        """K for the next round if `drafter` proposes (0 = do not speculate with it)."""
+    def choose(self, drafter: str, lag: int = 0) -> int:
+        """K for the next round if `drafter` proposes (0 = do not speculate with it); `lag` is how
+        many tokens the drafter must catch up on before drafting (a draft model that sat out)."""
 
     def verify_size(self, n: int) -> int:
         """How many tokens to run in a verification pass that needs n (>= n; extras are padding)."""
@@ -48,8 +49,10 @@ class KPolicy(Protocol):
         """True until the target's cost curve has been measured."""
 
     def calibrate(self, time_pass: Callable[[int], float | None],
-                  time_step: dict[str, Callable[[], float | None]]) -> None:
-        """Measure the target's pass time per size (None: does not fit) and each drafter's step time."""
+                  time_step: dict[str, Callable[[], float | None]],
+                  time_catchup: dict[str, Callable[[], float | None]] | None = None) -> None:
+        """Measure the target's pass time per size (None: does not fit), each drafter's step time
+        and, for drafters that can fall behind, their catch-up time per token."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +64,7 @@ class FixedK:
     def begin(self) -> None:
         pass
 
-    def choose(self, drafter: str) -> int:
+    def choose(self, drafter: str, lag: int = 0) -> int:
         return self.k
 
     def verify_size(self, n: int) -> int:
@@ -75,7 +78,8 @@ class FixedK:
         return False
 
     def calibrate(self, time_pass: Callable[[int], float | None],
-                  time_step: dict[str, Callable[[], float | None]]) -> None:
+                  time_step: dict[str, Callable[[], float | None]],
+                  time_catchup: dict[str, Callable[[], float | None]] | None = None) -> None:
         pass
 
 
@@ -100,12 +104,17 @@ class AdaptiveK:
     forget: float = 0.98  # per-round decay of old acceptance evidence
     ema: float = 0.2  # weight of a new timing observation
     explore_every: int = 16  # try K=1 after this many rounds without drafting, to keep measuring
+    # ... but only a drafter that would pay at this acceptance: where even a near-perfect draft
+    # loses (the 0.5B draft against llama.cpp's steep batched-pass curve on CPU), a test round
+    # only costs (a pass of 2 tokens and the draft's catch-up on everything it skipped)
+    explore_alpha: float = 0.95
     pad_gain: float = 0.9  # pad only when the bigger pass is at least 10% cheaper (beyond timing noise)
     sweeps: int = 3  # measured calibration sweeps (after one warm-up sweep)
     prior_c: float = 3.0  # assumed T_target / T_draft for a drafter whose step time is unknown
     track_costs: bool = False  # keep refining timings online (K then depends on timing noise)
     t_verify: dict[int, float] = field(default_factory=dict)
     t_step: dict[str, float] = field(default_factory=dict)
+    t_catchup: dict[str, float] = field(default_factory=dict)  # per token a drafter must catch up on
     drafters: dict[str, _DrafterState] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -119,9 +128,10 @@ class AdaptiveK:
         s = self._state(drafter)
         return (s.accepted + self.prior_alpha * self.prior_weight) / (s.tested + self.prior_weight)
 
-    def cost_model(self, drafter: str) -> CostModel:
+    def cost_model(self, drafter: str, lag: int = 0) -> CostModel:
         curve = self._effective_curve()
-        return CostModel.measured(t_draft=self.t_step.get(drafter, curve[0] / self.prior_c), t_verify=curve)
+        return CostModel.measured(t_draft=self.t_step.get(drafter, curve[0] / self.prior_c), t_verify=curve,
+                                  t_setup=lag * self.t_catchup.get(drafter, 0.0))
 
     def _effective_curve(self) -> list[float]:
         """T(n) for n = 1..k_max+1, each at the (possibly padded) size `verify_size` picks."""
@@ -134,10 +144,14 @@ class AdaptiveK:
     def begin(self) -> None:
         self.drafters.clear()  # acceptance evidence is per request; timings are kept
 
-    def choose(self, drafter: str) -> int:
+    def choose(self, drafter: str, lag: int = 0) -> int:
+        """The K that maximises expected tokens per second this round, counting the catch-up a
+        lagging draft model must do first (on llama.cpp a 16-token catch-up of the 0.5B draft
+        costs ~3 target steps: a test round every 16 would have cost 30% of plain speed)."""
         s = self._state(drafter)
-        k = self.cost_model(drafter).optimal_k(self.alpha(drafter), self.k_max)
-        if k == 0 and s.rounds_since_tried >= self.explore_every:
+        model = self.cost_model(drafter, lag)
+        k = model.optimal_k(self.alpha(drafter), self.k_max)
+        if k == 0 and s.rounds_since_tried >= self.explore_every and model.optimal_k(self.explore_alpha, self.k_max):
             return 1  # re-test now and then: the text may have become easier to draft
         return k
 
@@ -166,7 +180,8 @@ class AdaptiveK:
         return not self.t_verify
 
     def calibrate(self, time_pass: Callable[[int], float | None],
-                  time_step: dict[str, Callable[[], float | None]]) -> None:
+                  time_step: dict[str, Callable[[], float | None]],
+                  time_catchup: dict[str, Callable[[], float | None]] | None = None) -> None:
         """One warm-up sweep (a shape's first pass is slow), then `sweeps` measured sweeps, each
         timing every pass size and every drafter's step; a cost is the median over sweeps.
 
@@ -176,18 +191,22 @@ class AdaptiveK:
         """
         medians = interleaved_medians(
             {**{("pass", n): (lambda n=n: time_pass(n)) for n in range(1, self.k_max + 2)},
-             **{("step", name): measure for name, measure in time_step.items()}}, self.sweeps)
+             **{("step", name): measure for name, measure in time_step.items()},
+             **{("catchup", name): measure for name, measure in (time_catchup or {}).items()}}, self.sweeps)
         self.t_verify = {n: t for (kind, n), t in medians.items() if kind == "pass"}
         self.t_step = {name: t for (kind, name), t in medians.items() if kind == "step"}
+        self.t_catchup = {name: t for (kind, name), t in medians.items() if kind == "catchup"}
 
     def costs(self) -> dict:
         """The measured costs, as JSON-able data (see engine/calibration.py)."""
-        return {"t_verify": {str(n): t for n, t in self.t_verify.items()}, "t_step": dict(self.t_step)}
+        return {"t_verify": {str(n): t for n, t in self.t_verify.items()}, "t_step": dict(self.t_step),
+                "t_catchup": dict(self.t_catchup)}
 
     def load_costs(self, costs: dict) -> None:
         """Take costs measured earlier (`costs()`) instead of calibrating."""
         self.t_verify = {int(n): float(t) for n, t in costs["t_verify"].items()}
         self.t_step = {str(name): float(t) for name, t in costs["t_step"].items()}
+        self.t_catchup = {str(name): float(t) for name, t in costs.get("t_catchup", {}).items()}
 
     def _track(self, table: dict, key, t: float) -> None:
         table[key] = t if key not in table else (1 - self.ema) * table[key] + self.ema * t

@@ -67,3 +67,18 @@ def test_a_prompt_that_fits_the_target_is_not_refused_by_the_draft(tmp_path, cap
     out = capsys.readouterr()
     assert rc == 0, out.err
     assert json.loads(out.out.strip().splitlines()[-1])["stats"]["new_tokens"] == 1
+
+
+def test_lag_counts_the_tokens_a_separate_catch_up_pass_would_feed():
+    from specdecode.core.probs import GREEDY
+    from specdecode.drafters.model import ModelDrafter
+    from tests.tiny import tiny_pair
+
+    _, draft = tiny_pair(vocab=40, seed=3)
+    drafter = ModelDrafter(draft)
+    context = list(range(1, 21))
+    assert drafter.lag(context) == 19  # nothing fed yet: all but the last token
+    proposal = drafter.propose(context, 3, GREEDY, torch.Generator().manual_seed(0))
+    accepted = context + proposal.tokens[:1] + [7]  # one draft accepted, then a correction
+    assert drafter.lag(accepted) == 0  # in sync: the first draft step feeds the new tokens
+    assert drafter.lag(accepted + list(range(5))) == 5  # sat out five plain steps: 6 new tokens, the last fed by the step

@@ -32,9 +32,9 @@ def make(pair, store, recalibrate=False):
 class CountingPolicy(AdaptiveK):
     calibrations = 0
 
-    def calibrate(self, time_pass, time_step):
+    def calibrate(self, time_pass, time_step, time_catchup=None):
         CountingPolicy.calibrations += 1
-        super().calibrate(time_pass, time_step)
+        super().calibrate(time_pass, time_step, time_catchup)
 
 
 def test_first_decoder_measures_and_saves(pair, tmp_path):
@@ -46,6 +46,7 @@ def test_first_decoder_measures_and_saves(pair, tmp_path):
     saved = json.loads(files[0].read_text())
     assert saved["key"] == calibration_key(first.target, first.drafters)
     assert set(saved["costs"]["t_step"]) == {"lookup", "model"} and len(saved["costs"]["t_verify"]) == 9
+    assert set(saved["costs"]["t_catchup"]) == {"model"}  # only a stateful drafter can fall behind
 
 
 def test_second_decoder_reads_the_costs_and_reproduces_the_sample(pair, tmp_path):

@@ -96,6 +96,9 @@ def test_every_drafter_and_policy_is_greedy_identical(pair, kind):
                 "auto-adaptive": [LookupDrafter(), ModelDrafter(draft)], "model-adaptive": [ModelDrafter(draft)],
                 "model-confident": [ModelDrafter(draft, min_confidence=0.5)]}[kind]
     policy = AdaptiveK(k_max=6) if kind.endswith("adaptive") else None
+    if policy:  # costs under which drafting pays (tiny target and draft cost alike when timed)
+        policy.load_costs({"t_verify": {str(n): 0.01 for n in range(1, 8)},
+                           "t_step": {"lookup": 1e-5, "model": 1e-3}})
     g = torch.Generator().manual_seed(99)
     proposed = 0
     for _ in range(5):

@@ -65,6 +65,17 @@ def test_does_not_speculate_when_it_cannot_pay():
     assert tail.count(0) >= 180 and set(tail) <= {0, 1}
 
 
+def test_never_explores_a_drafter_that_cannot_pay_even_when_right():
+    """llama.cpp on the 2-core CPU: a pass of n tokens costs ~1 + 0.55 (n - 1) steps and the 0.5B draft
+    half a step; even at alpha 0.95 drafting loses, so a test round is pure cost: never K > 0."""
+    policy = AdaptiveK(k_max=8, explore_every=16)
+    steep = lambda n: 1.0 + 0.55 * (n - 1)  # noqa: E731
+    chosen = simulate(policy, 0.9, t_step=0.5, curve=steep, rounds=400)
+    assert set(chosen) == {0}
+    # the same drafter against a flat pass does get explored (and then used: alpha 0.9 pays there)
+    assert set(simulate(AdaptiveK(k_max=8, explore_every=16), 0.9, 0.5, lambda n: 1.0, 400)[-100:]) - {0}
+
+
 def test_pads_to_a_cheaper_shape():
     times = {1: 1.0, 2: 1.0, 3: 1.5, 4: 1.1, 5: 1.2}
     policy = AdaptiveK(k_max=4)
@@ -136,3 +147,14 @@ def test_fixed_k_and_validation():
         AdaptiveK(k_max=0)
     with pytest.raises(ValueError, match="sweeps"):
         AdaptiveK(sweeps=0)
+
+
+def test_catch_up_cost_of_a_lagging_drafter_is_counted():
+    """A draft that pays when in sync does not pay when it must first catch up on 16 tokens."""
+    policy = AdaptiveK(k_max=8)
+    policy.calibrate(lambda n: 1.0 + 0.1 * (n - 1), {"model": lambda: 0.1}, {"model": lambda: 0.2})
+    assert policy.t_catchup == {"model": 0.2}
+    assert policy.choose("model", lag=0) > 0
+    assert policy.choose("model", lag=16) == 0  # 3.2 steps of catch-up outweigh the round's gain
+    assert policy.cost_model("model", lag=16).round_time(2) == pytest.approx(1.2 + 0.2 + 3.2)
+    assert policy.cost_model("model", lag=16).round_time(0) == pytest.approx(1.0)  # K = 0 catches up nothing
