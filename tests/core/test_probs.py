@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from specdecode.core.probs import GREEDY, SamplingParams, logits_to_probs, sample, sample_with_noise
+from specdecode.core.probs import (GREEDY, SamplingParams, exponential_noise, logits_to_probs, sample, sample_with_noise,
+                                   sample_with_uniform)
 from specdecode.stats import chi_square
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0], dtype=torch.float64)
@@ -90,8 +91,8 @@ def test_sampling_is_reproducible_from_explicit_generator():
     assert torch.equal(a, b) and not torch.equal(a, c)
 
 
-def test_exponential_race_law_and_negative_control():
-    """sample() follows probs (chi-square); uniform noise instead of Exp(1) is caught.
+def test_inverse_cdf_law_and_negative_control():
+    """sample() (inverse CDF) follows probs (chi-square); squared uniforms instead of uniforms are caught.
 
     False-failure probability: the correct sampler fails only if p-value < 1e-4,
     i.e. with probability 1e-4 (fixed seed: deterministic in practice).
@@ -100,6 +101,28 @@ def test_exponential_race_law_and_negative_control():
     n = 40_000
     g = torch.Generator().manual_seed(3)
     good = sample(probs.expand(n, 5), g)
+    assert chi_square(torch.bincount(good, minlength=5).tolist(), probs.tolist()).p_value > 1e-4
+    unnormalised = sample(3.0 * probs.expand(n, 5), g)  # weights need no normalisation
+    assert chi_square(torch.bincount(unnormalised, minlength=5).tolist(), probs.tolist()).p_value > 1e-4
+    bad = sample_with_uniform(probs.expand(n, 5), torch.rand(n, generator=g, dtype=torch.float64) ** 2)
+    assert chi_square(torch.bincount(bad, minlength=5).tolist(), probs.tolist()).p_value < 1e-4
+
+
+def test_inverse_cdf_never_picks_zero_weight_even_at_the_edges():
+    weights = torch.tensor([[0.0, 0.6, 0.0, 0.4, 0.0]], dtype=torch.float64).expand(3, 5)
+    u = torch.tensor([0.0, 0.6, 1.0 - 2 ** -53], dtype=torch.float64)
+    assert sample_with_uniform(weights, u).tolist() == [1, 3, 3]
+    assert sample_with_uniform(weights[:1], torch.tensor([1.0], dtype=torch.float64)).tolist() == [3]
+
+
+def test_exponential_race_law_and_negative_control():
+    """sample_with_noise (the residual's sampler in verify) follows probs; uniform noise instead
+    of Exp(1) is caught. False-failure probability 1e-4 (fixed seed: deterministic in practice).
+    """
+    probs = torch.tensor([0.5, 0.25, 0.15, 0.07, 0.03], dtype=torch.float64)
+    n = 40_000
+    g = torch.Generator().manual_seed(3)
+    good = sample_with_noise(probs.expand(n, 5), exponential_noise((n, 5), g))
     assert chi_square(torch.bincount(good, minlength=5).tolist(), probs.tolist()).p_value > 1e-4
     uniform_noise = torch.rand(n, 5, generator=g, dtype=torch.float64)
     bad = sample_with_noise(probs.expand(n, 5), uniform_noise)
