@@ -27,17 +27,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 import torch  # noqa: E402
 
 from specdecode.backends.hf import HFModel  # noqa: E402
-from specdecode.core.probs import GREEDY, SamplingParams, logits_to_probs  # noqa: E402
+from specdecode.core.probs import GREEDY, SamplingParams  # noqa: E402
 from specdecode.drafters.model import ModelDrafter  # noqa: E402
 from specdecode.drafters.protocol import Proposal  # noqa: E402
 from specdecode.engine.config import GenerationConfig  # noqa: E402
 from specdecode.engine.loop import generate_tokens  # noqa: E402
 from specdecode.engine.stats import GenerationStats  # noqa: E402
 from specdecode.stats import chi_square  # noqa: E402
+from tests.engine.test_sampling_exact import PROMPT, V, exact_joint  # noqa: E402  (one definition of the law)
 from tests.tiny import tiny_pair  # noqa: E402
 
-V = 6
-PROMPT = [1, 2, 3, 4, 1, 2]
 P_THRESHOLD = 1e-3
 
 
@@ -85,18 +84,6 @@ class WrongQDrafter(ModelDrafter):
         proposal = super().propose(context, k, params, generator)
         q = proposal.q.roll(1, dims=-1)
         return Proposal(proposal.tokens, q, proposal.step_seconds)
-
-
-def exact_joint(target, params) -> dict[tuple[int, int], float]:
-    target.truncate(0)
-    p1 = logits_to_probs(target.forward(PROMPT, 1)[0], params)
-    joint = {}
-    for y1 in range(V):
-        target.truncate(0)
-        p2 = logits_to_probs(target.forward(PROMPT + [y1], 1)[0], params)
-        for y2 in range(V):
-            joint[(y1, y2)] = float(p1[y1] * p2[y2])
-    return joint
 
 
 def exactness_p_value(device: str, drafter_cls=ModelDrafter, n: int = 1500) -> float:
