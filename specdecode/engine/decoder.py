@@ -52,9 +52,12 @@ class Generation:
 class SpeculativeDecoder:
     """A target model, drafters tried in order, and a tokenizer: generate text speculatively.
 
-    Build it once (loading models is the slow part) and call `generate`/`stream` per request.
-    With GenerationConfig(k=None) the decoder's AdaptiveK chooses K each round and keeps
-    what it has measured (cost curve, alpha, draft speed) across requests.
+    Build it once (loading models is the slow part) and call `generate`/`stream` per request,
+    one generation at a time. With GenerationConfig(k=None) the decoder's AdaptiveK chooses K
+    each round from costs measured once per machine (cached, see `calibrate`) and the request's
+    own acceptance, so a seed reproduces its sample in any process that uses the same models,
+    backend, settings and calibration file; a recalibration or another machine may change K and
+    with it the sample (never its law).
     """
 
     def __init__(self, target: Model, tokenizer: PreTrainedTokenizerBase, drafters: Sequence[Drafter] = (),
