@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from specdecode.cli.generate import add_model_args, load_decoder, positive_int
+from specdecode.core import VERIFY_RULES
 from specdecode.cli.output import console, emit_json, table
 
 DEFAULT_PROMPTS = ["Write a Python function that reverses a string.", "def fibonacci(n):"]
@@ -29,6 +30,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="overall false-failure probability of the statistical checks (default 1e-3)")
     p.add_argument("--control", default="always-accept", choices=["always-accept", "residual-from-p"],
                    help="the broken rule used as negative control")
+    p.add_argument("--verify", choices=list(VERIFY_RULES), default="token",
+                   help="the verification rule to audit: token (default) or block")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="one prompt, 200 samples, 32 greedy tokens")
     p.add_argument("--json", action="store_true")
@@ -46,13 +49,14 @@ def run_audit_cmd(args: argparse.Namespace) -> int:
     prompts = args.prompt or (DEFAULT_PROMPTS[:1] if args.quick else DEFAULT_PROMPTS)
     decoder = load_decoder(args)
     ids = [decoder.encode(p, args.chat) for p in prompts]
-    report = run_audit(decoder.target, decoder.drafters, ids, sampling, config, progress=not args.json)
+    report = run_audit(decoder.target, decoder.drafters, ids, sampling, config, rule=VERIFY_RULES[args.verify],
+                       progress=not args.json)
     if args.json:
         emit_json(report.to_dict())
         return 0 if report.passed else 1
     rows = [[c.name, "PASS" if c.passed else "FAIL", f"{c.p_value:.3g}", f"{c.level:.2g}", c.samples,
              f"{c.tv:.3f}", f"{c.tv_bound:.3f}", f"{c.seconds:.1f}"] for c in report.law_checks]
-    console.print(table(f"law checks ({sampling})", ["check", "result", "p-value", "level", "samples", "TV",
+    console.print(table(f"law checks ({sampling}, {args.verify} verification)", ["check", "result", "p-value", "level", "samples", "TV",
                                                      "TV bound", "s"], rows))
     console.print(table("greedy identity", ["check", "result", "tokens", "note", "s"],
                         [[c.name, "PASS" if c.passed else "FAIL", c.tokens, c.note, f"{c.seconds:.1f}"]

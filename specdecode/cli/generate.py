@@ -6,8 +6,9 @@ import argparse
 import time
 
 from specdecode.cli.output import console, emit_json, err_console, table
+from specdecode.core import VERIFY_RULES
 from specdecode.core.probs import SamplingParams
-from specdecode.engine.config import GenerationConfig
+from specdecode.engine.config import DRAFTER_CHOICES, GenerationConfig
 from specdecode.engine.stats import GenerationStats
 
 STYLE = {"draft": "green", "correction": "yellow", "bonus": "bold cyan", "target": ""}
@@ -54,9 +55,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto",
                    help="transformers backend: auto (= bfloat16), float32, bfloat16, float16, float64")
     p.add_argument("--device", default="auto", help="auto (CUDA if available, else cpu), cpu, cuda, cuda:N")
-    p.add_argument("--drafter", default="auto", choices=["auto", "model", "lookup"],
+    p.add_argument("--drafter", default="auto", choices=list(DRAFTER_CHOICES),
                    help="auto: prompt lookup when it finds a match, else the draft model (default); "
-                        "model: draft model only; lookup: prompt lookup only (no draft model loaded)")
+                        "model: draft model only; lookup: prompt lookup only (no draft model loaded); "
+                        "suffix: the most frequent continuation in the prompt, the output and earlier "
+                        "requests (no draft model loaded; the server keeps its history across requests)")
     p.add_argument("--draft-int8", action=argparse.BooleanOptionalAction, default=None,
                    help="int8 weights for the draft (default: on for CPU; exactness is unaffected)")
     p.add_argument("--draft-vocab", type=non_negative_int, default=None,
@@ -75,12 +78,15 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--verify", choices=list(VERIFY_RULES), default="token",
+                   help="the exact verification rule: token (token by token, default) or block (the draft "
+                        "judged as a whole, Sun et al. 2025: never fewer tokens per round; same output law)")
 
 
 def config_from_args(args: argparse.Namespace) -> GenerationConfig:
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
     return GenerationConfig(max_new_tokens=args.max_new_tokens, sampling=sampling, k=args.k, seed=args.seed,
-                            stop=tuple(args.stop))
+                            stop=tuple(args.stop), verification=args.verify)
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:

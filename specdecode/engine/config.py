@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specdecode.core import VERIFY_RULES
 from specdecode.core.probs import SamplingParams
+
+DRAFTER_CHOICES = ("auto", "model", "lookup", "suffix")  # SpeculativeDecoder.load(drafter=...), --drafter
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,6 +17,9 @@ class GenerationConfig:
     k: int | None = None  # drafts per round; None = adaptive K (plain decoding: speculative=False)
     seed: int = 0
     stop: tuple[str, ...] = ()  # stop strings (text level)
+    # the exact verification rule (core.VERIFY_RULES): "token" (Leviathan et al.'s, token by
+    # token) or "block" (Sun et al.'s, the draft judged as a whole: never fewer tokens per round)
+    verification: str = "token"
 
     def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
@@ -24,5 +30,7 @@ class GenerationConfig:
                              f"speculative=False), got {self.k!r}")
         if not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if self.verification not in VERIFY_RULES:
+            raise ValueError(f"verification must be one of {', '.join(VERIFY_RULES)}, got {self.verification!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError("stop strings must be non-empty strings")

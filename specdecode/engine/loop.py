@@ -23,6 +23,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from specdecode.backends.protocol import Model
+from specdecode.core import VERIFY_RULES
 from specdecode.core.probs import SamplingParams, logits_to_probs, sample
 from specdecode.core.verify import Randomness, VerifyResult, verify
 from specdecode.drafters.protocol import Drafter, Proposal
@@ -44,12 +45,13 @@ class Round:
 
 def generate_tokens(target: Model, drafters: Sequence[Drafter], prompt: Sequence[int], config: GenerationConfig,
                     eos_ids: frozenset[int], stats: GenerationStats | None = None,
-                    policy: KPolicy | None = None, rule: VerifyRule = verify) -> Iterator[Round]:
+                    policy: KPolicy | None = None, rule: VerifyRule | None = None) -> Iterator[Round]:
     """Yield the tokens of each round until EOS or max_new_tokens (never overshot).
 
     policy: how many tokens to draft; default FixedK(config.k), or a fresh AdaptiveK when
     config.k is None (pass a long-lived AdaptiveK to keep what it learned across requests).
-    rule: the verification rule; only the audit's negative controls pass another.
+    rule: the verification rule; default the config's (`verification`); the audit passes its
+    negative controls here.
     """
     prompt = list(prompt)
     if not prompt:
@@ -62,6 +64,7 @@ def generate_tokens(target: Model, drafters: Sequence[Drafter], prompt: Sequence
     if policy is None:
         policy = FixedK(config.k) if config.k is not None else AdaptiveK()
     params = config.sampling
+    rule = rule if rule is not None else VERIFY_RULES[config.verification]
     generator = torch.Generator().manual_seed(config.seed)
 
     t0 = time.perf_counter()

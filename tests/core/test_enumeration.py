@@ -47,8 +47,10 @@ def round_law(target: ToyModel, draft: ToyModel, ctx: tuple[int, ...], k: int) -
     return out
 
 
-def speculative_joint(target: ToyModel, draft: ToyModel, k: int, length: int) -> dict[tuple[int, ...], float]:
-    """Exact law of the first `length` tokens when rounds are repeated until that many exist."""
+def speculative_joint(target: ToyModel, draft: ToyModel, k: int, length: int,
+                      round_law=round_law) -> dict[tuple[int, ...], float]:
+    """Exact law of the first `length` tokens when rounds (`round_law`: one round's law) are
+    repeated until that many exist."""
     done: dict[tuple[int, ...], float] = defaultdict(float)
     frontier = {(): 1.0}
     while frontier:

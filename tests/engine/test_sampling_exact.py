@@ -52,7 +52,7 @@ def exact_joint(target, params: SamplingParams) -> dict[tuple[int, int], float]:
 
 
 def engine_p_value(target, drafters, params: SamplingParams, k: int | None, policy=None,
-                   min_k2_rounds: float = 0.0) -> float:
+                   min_k2_rounds: float = 0.0, verification: str = "token") -> float:
     """p-value of the engine's first two tokens against the exact joint.
 
     The budget leaves room for K = k (or the policy's k_max) in the first round (the loop caps K
@@ -66,7 +66,8 @@ def engine_p_value(target, drafters, params: SamplingParams, k: int | None, poli
     counts = {key: 0 for key in itertools.product(range(V), repeat=2)}
     k2_tested = 0
     for seed in range(N):
-        config = GenerationConfig(max_new_tokens=k_max + 1, sampling=params, k=k, seed=seed)
+        config = GenerationConfig(max_new_tokens=k_max + 1, sampling=params, k=k, seed=seed,
+                                  verification=verification)
         stats = GenerationStats()
         rounds = generate_tokens(target, drafters, PROMPT, config, frozenset(), stats, policy=policy)
         tokens: list[int] = []
@@ -149,3 +150,25 @@ def test_negative_control_raw_q_is_caught(pair):
 def test_baseline_matches_exact_joint(pair):
     target, _ = pair
     assert engine_p_value(target, [], SETTINGS["t0.7-topk3"], k=2) > 1e-3
+
+
+# ---- block verification (core/block.py) through the engine: the same statistic, the same controls ----
+
+@pytest.mark.parametrize("name, k", [("t1", 2), ("t0.7-topk3", 3)])
+def test_block_verification_with_the_model_drafter_is_exact(pair, name, k):
+    target, draft = pair
+    assert engine_p_value(target, [ModelDrafter(draft)], SETTINGS[name], k=k, min_k2_rounds=0.05,
+                          verification="block") > 1e-3
+
+
+def test_block_verification_with_lookup_and_adaptive_k_is_exact(pair):
+    target, draft = pair
+    policy = AdaptiveK(k_max=4)
+    assert engine_p_value(target, [LookupDrafter(), ModelDrafter(draft)], SETTINGS["topp0.8"], k=None,
+                          policy=policy, min_k2_rounds=0.05, verification="block") > 1e-3
+
+
+def test_block_verification_negative_control_raw_q_is_caught(pair):
+    target, draft = pair
+    assert engine_p_value(target, [RawQDrafter(draft)], SETTINGS["t0.7-topk3"], k=2, min_k2_rounds=0.05,
+                          verification="block") < 1e-3
