@@ -54,6 +54,10 @@ class NgramIndex:
                     self._last_end[tuple(self.tokens[end + 1 - n: end + 1])] = end
         self._indexed = max(self._indexed, len(self.tokens) - 1)
 
+    def last_end(self, ngram: tuple[int, ...]) -> int | None:
+        """Where the most recent occurrence of `ngram` that has a following token ends (None: none)."""
+        return self._last_end.get(ngram)
+
     def propose(self, k: int) -> list[int]:
         """Up to k tokens that followed the longest earlier match of the current suffix."""
         k = min(k, self.config.max_proposal)

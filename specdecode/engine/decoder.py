@@ -13,13 +13,13 @@ from specdecode.core.probs import SamplingParams
 from specdecode.drafters.lookup import LookupDrafter
 from specdecode.drafters.model import ModelDrafter
 from specdecode.drafters.protocol import Drafter
+from specdecode.drafters.suffix import SuffixDrafter
 from specdecode.engine.calibration import CalibrationStore, calibration_key
-from specdecode.engine.config import GenerationConfig
+from specdecode.engine.config import DRAFTER_CHOICES, GenerationConfig
 from specdecode.engine.loop import calibrate, generate_tokens
 from specdecode.engine.policy import AdaptiveK
 from specdecode.engine.stats import GenerationStats
 
-DRAFTER_CHOICES = ("auto", "model", "lookup")
 
 Prompt = str | Sequence[dict]  # plain text, or chat messages [{"role": ..., "content": ...}]
 
@@ -82,8 +82,9 @@ class SpeculativeDecoder:
         backend: "llama.cpp" (GGUF files, CPU), "transformers", or "auto" (llama.cpp for GGUF on
         CPU, else transformers). Both models run on the target's backend: two engines' thread
         pools in one process slow each other down.
-        drafter: "model" (draft model), "lookup" (prompt lookup, no draft model), or "auto"
-        (lookup when it finds a match, else the draft model).
+        drafter: "model" (draft model), "lookup" (prompt lookup, no draft model), "suffix" (frequency-
+        scored continuations of the prompt, the output and earlier requests' texts; no draft model),
+        or "auto" (lookup when it finds a match, else the draft model).
         dtype: transformers only (llama.cpp runs the GGUF's own quantised weights).
         draft_int8 / draft_vocab: make a transformers draft cheaper (exactness is unaffected; see
         backends/cheap.py). None = the measured default for the device.
@@ -116,6 +117,8 @@ class SpeculativeDecoder:
         drafters: list[Drafter] = []
         if speculative and drafter in ("auto", "lookup"):
             drafters.append(LookupDrafter())
+        if speculative and drafter == "suffix":
+            drafters.append(SuffixDrafter())
         if speculative and drafter in ("auto", "model"):
             draft_backend = resolve_backend(backend, draft, device)
             draft_model, draft_tokenizer = load_model(draft, "draft", torch_dtype, device, progress=progress,

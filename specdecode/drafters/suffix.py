@@ -1,0 +1,138 @@
+"""Suffix drafting: continue the context the way the text seen so far most often continued it.
+
+The chain form of SuffixDecoding (Oliaro et al., NeurIPS 2025). Where prompt lookup copies
+what followed the *last* occurrence of the context's tail, this drafter counts every
+continuation of every n-gram (n = min_n..max_n) in the prompt, the output so far and the
+texts of earlier requests in this process (a bounded history), and drafts greedily:
+
+    match the longest tail of the context that has been seen before (up to max_n tokens);
+    draft its most frequent continuation x; score *= count(x) / count(all continuations);
+    stop when the score falls below min_score (an uncertain path) or at k tokens.
+
+The score is the empirical probability that the whole draft continues as the text did
+before, so the draft is long where the text is being copied and short or empty where it
+branches (SuffixDecoding's adaptive draft length); adaptive K still caps it by cost.
+
+Deterministic (q = None, one-hot), so exact like every drafter. Cross-request history
+changes which drafts are made, never the output law; what a seed reproduces then also
+depends on the requests before it in the process (`history_tokens=0` turns it off).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from specdecode.core.probs import SamplingParams
+from specdecode.drafters.protocol import Proposal
+
+
+@dataclass(frozen=True, slots=True)
+class SuffixConfig:
+    min_n: int = 2  # shortest tail worth matching
+    max_n: int = 8  # longest tail matched (a longer match has more specific counts)
+    min_score: float = 0.25  # stop drafting when the draft's estimated probability falls below this
+    max_proposal: int = 16
+    history_tokens: int = 65_536  # tokens of earlier requests kept (oldest forgotten first; 0 = none)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_n <= self.max_n:
+            raise ValueError(f"need 1 <= min_n <= max_n, got min_n={self.min_n}, max_n={self.max_n}")
+        if not 0 < self.min_score <= 1:
+            raise ValueError(f"min_score must be in (0, 1], got {self.min_score}")
+        if self.max_proposal < 1 or self.history_tokens < 0:
+            raise ValueError("max_proposal must be >= 1 and history_tokens >= 0")
+
+
+class ContinuationCounts:
+    """For every n-gram (min_n <= n <= max_n): how often each token followed it, over the texts added.
+    Each n-gram's continuations are kept in order of their latest addition, so ties go to the most
+    recent (as prompt lookup, which copies the latest occurrence)."""
+
+    def __init__(self, config: SuffixConfig) -> None:
+        self.config = config
+        self.counts: dict[tuple[int, ...], Counter] = {}
+
+    def add(self, tokens: Sequence[int], start: int = 0, sign: int = 1) -> None:
+        """Count (sign=1) or uncount (sign=-1) the continuations tokens[e + 1] for every end e >= start - 1
+        of an n-gram, i.e. those that the tokens from `start` on complete."""
+        for nxt in range(max(1, start), len(tokens)):
+            for n in range(self.config.min_n, min(self.config.max_n, nxt) + 1):
+                key, token = tuple(tokens[nxt - n: nxt]), tokens[nxt]
+                counter = self.counts.setdefault(key, Counter())
+                if sign > 0:
+                    counter[token] = counter.pop(token, 0) + sign  # re-inserted: now the most recent
+                elif counter[token] > -sign:
+                    counter[token] += sign  # forgetting an old text keeps the recency order
+                else:
+                    del counter[token]
+                    if not counter:
+                        del self.counts[key]
+
+    def continuation(self, tail: Sequence[int]) -> Counter | None:
+        """The continuation counts of the longest n-gram ending `tail` that has any."""
+        for n in range(min(self.config.max_n, len(tail)), self.config.min_n - 1, -1):
+            counter = self.counts.get(tuple(tail[len(tail) - n:]))
+            if counter:
+                return counter
+        return None
+
+
+class SuffixDrafter:
+    """Drafter over ContinuationCounts of the live context plus a bounded history of earlier requests."""
+
+    def __init__(self, config: SuffixConfig = SuffixConfig()) -> None:
+        self.config = config
+        self.name = "suffix"
+        self.index = ContinuationCounts(config)
+        self.history: deque[list[int]] = deque()  # earlier requests' texts, counted in the index
+        self.history_size = 0  # tokens in `history`
+        self.live: list[int] = []  # the current request's text, counted up to its end
+
+    def reset(self) -> None:
+        """A new request: the current one's text joins the history (the oldest beyond the bound leaves)."""
+        if self.config.history_tokens and self.live:
+            self.history.append(self.live)
+            self.history_size += len(self.live)
+            while self.history_size > self.config.history_tokens:
+                old = self.history.popleft()
+                self.index.add(old, sign=-1)
+                self.history_size -= len(old)
+        elif self.live:
+            self.index.add(self.live, sign=-1)
+        self.live = []
+
+    def propose(self, context: Sequence[int], k: int, params: SamplingParams,
+                generator: torch.Generator) -> Proposal:
+        if len(context) < len(self.live) or (self.live and context[len(self.live) - 1] != self.live[-1]):
+            self.reset()  # not an extension of what we indexed: a new request without reset()
+        start = len(self.live)
+        self.live.extend(context[start:])
+        self.index.add(self.live, start)
+        return Proposal(self.draft(self.live, min(k, self.config.max_proposal)), None)
+
+    def draft(self, context: Sequence[int], k: int) -> list[int]:
+        tail, tokens, score = list(context[-self.config.max_n:]), [], 1.0
+        while len(tokens) < k:
+            counter = self.index.continuation(tail)
+            if counter is None:
+                break
+            token, count = max(reversed(counter.items()), key=lambda item: item[1])  # ties: most recent
+            score *= count / sum(counter.values())
+            if score < self.config.min_score:
+                break
+            tokens.append(token)
+            tail = tail[1:] + [token] if len(tail) >= self.config.max_n else tail + [token]
+        return tokens
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        pass
+
+    @property
+    def memory(self) -> dict:
+        """What the index holds: distinct n-grams, counted continuations, tokens of history."""
+        return {"ngrams": len(self.index.counts), "continuations": sum(len(c) for c in self.index.counts.values()),
+                "history_tokens": self.history_size, "history_requests": len(self.history)}

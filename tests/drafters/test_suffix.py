@@ -1,0 +1,101 @@
+"""Suffix drafter: frequency over recency, the score that shortens uncertain drafts, cross-request
+history with its bound, and the incremental index equal to one built from scratch."""
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from specdecode.core.probs import GREEDY
+from specdecode.drafters.suffix import ContinuationCounts, SuffixConfig, SuffixDrafter
+
+BIGRAMS = SuffixConfig(min_n=2, max_n=2, min_score=0.25, history_tokens=1000)
+
+
+def propose(drafter: SuffixDrafter, context: list[int], k: int = 4) -> list[int]:
+    return drafter.propose(context, k, GREEDY, torch.Generator()).tokens
+
+
+def test_the_most_frequent_continuation_wins_over_the_most_recent():
+    # (1, 2) was followed by 7 twice and by 9 once (most recently): suffix drafts 7, lookup would draft 9
+    assert propose(SuffixDrafter(BIGRAMS), [1, 2, 7, 1, 2, 7, 1, 2, 9, 1, 2], k=1) == [7]
+
+
+def test_ties_go_to_the_most_recent():
+    assert propose(SuffixDrafter(BIGRAMS), [1, 2, 5, 1, 2, 6, 1, 2], k=1) == [6]
+
+
+def test_the_draft_stops_where_the_text_branched_too_often():
+    # (1, 2) -> 3: certain; (2, 3) -> 4, 5, 6, 8 or 0, one each: 1/5 < 0.3, so the draft ends after 3
+    context = [2, 3, 4, 2, 3, 5, 2, 3, 6, 2, 3, 8, 1, 2, 3, 0, 1, 2]
+    assert propose(SuffixDrafter(SuffixConfig(min_n=2, max_n=2, min_score=0.3)), context) == [3]
+    assert len(propose(SuffixDrafter(SuffixConfig(min_n=2, max_n=2, min_score=0.2)), context)) > 1
+
+
+def test_a_copied_span_is_drafted_in_full():
+    context = [10, 11, 12, 13, 14, 15, 16, 99, 10, 11, 12]
+    assert propose(SuffixDrafter(SuffixConfig()), context, k=4) == [13, 14, 15, 16]
+
+
+def test_nothing_to_continue_proposes_nothing():
+    assert propose(SuffixDrafter(), [1, 2, 3, 4, 5]) == []
+
+
+def test_earlier_requests_help_later_ones():
+    drafter = SuffixDrafter(BIGRAMS)
+    propose(drafter, [40, 41, 42, 43, 44])  # request 1
+    drafter.reset()
+    assert propose(drafter, [5, 6, 40, 41], k=3) == [42, 43, 44]  # request 2 continues request 1's text
+    no_history = SuffixDrafter(SuffixConfig(min_n=2, max_n=2, history_tokens=0))
+    propose(no_history, [40, 41, 42, 43, 44])
+    no_history.reset()
+    assert propose(no_history, [5, 6, 40, 41], k=3) == []
+    assert no_history.index.counts.keys() == {(5, 6), (6, 40)}  # request 1 fully forgotten
+
+
+def test_history_is_bounded_and_forgets_the_oldest_exactly():
+    config = SuffixConfig(min_n=2, max_n=3, history_tokens=12)
+    drafter = SuffixDrafter(config)
+    texts = [[i, i + 1, i + 2, i + 3, i + 4] for i in range(0, 50, 10)]
+    for text in texts:
+        propose(drafter, text)
+        drafter.reset()
+    assert drafter.history_size <= 12 and list(drafter.history) == texts[-2:]
+    expected = ContinuationCounts(config)
+    for text in texts[-2:]:
+        expected.add(text)
+    assert drafter.index.counts == expected.counts
+    assert drafter.memory["history_requests"] == 2
+
+
+def test_a_context_that_is_not_an_extension_starts_a_new_request():
+    drafter = SuffixDrafter(BIGRAMS)
+    propose(drafter, [1, 2, 3, 1, 2])
+    propose(drafter, [9, 8])  # a new request without reset(): the old text moves to the history
+    assert drafter.live == [9, 8] and list(drafter.history) == [[1, 2, 3, 1, 2]]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 4), min_size=1, max_size=40), st.lists(st.integers(1, 6), min_size=1, max_size=10))
+def test_incremental_counts_equal_counts_from_scratch(tokens, steps):
+    config = SuffixConfig(min_n=1, max_n=3)
+    drafter = SuffixDrafter(config)
+    end = 0
+    for step in steps * 10:
+        end = min(len(tokens), end + step)
+        propose(drafter, tokens[:end])
+        if end == len(tokens):
+            break
+    propose(drafter, tokens)
+    scratch = ContinuationCounts(config)
+    scratch.add(tokens)
+    assert drafter.index.counts == scratch.counts
+    assert drafter.draft(tokens, 5) == SuffixDrafter(config).propose(tokens, 5, GREEDY, torch.Generator()).tokens
+
+
+def test_bad_config():
+    with pytest.raises(ValueError, match="min_n"):
+        SuffixConfig(min_n=4, max_n=2)
+    with pytest.raises(ValueError, match="min_score"):
+        SuffixConfig(min_score=0)
+    with pytest.raises(ValueError, match="history_tokens"):
+        SuffixConfig(history_tokens=-1)
