@@ -60,6 +60,12 @@ class Cell:
     def tokens_per_second(self) -> float:
         return statistics.median(len(r.tokens) / r.seconds for r in self.runs)
 
+    @property
+    def decode_tokens_per_second(self) -> float | None:
+        """Median decode rate after the first tokens (None if a run cannot tell)."""
+        rates = [r.decode_tokens_per_second for r in self.runs]
+        return None if any(r is None for r in rates) else statistics.median(rates)
+
 
 def load_prompts(name: str) -> list[dict]:
     return json.loads(resources.files("specdecode.bench").joinpath("prompts", f"{name}.json").read_text())

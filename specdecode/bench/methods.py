@@ -31,6 +31,16 @@ class RunResult:
     tokens: list[int]
     seconds: float  # wall time of the whole call (prefill included, for every method alike)
     stats: GenerationStats | None  # ours only
+    # when the first tokens came out (the prefill and the first pass) and how many: the decode rate
+    # after that point does not depend on how long the output is (None: the method cannot tell)
+    t_first: float | None = None
+    n_first: int = 1
+
+    @property
+    def decode_tokens_per_second(self) -> float | None:
+        if self.t_first is None or len(self.tokens) <= self.n_first or self.seconds <= self.t_first:
+            return None
+        return (len(self.tokens) - self.n_first) / (self.seconds - self.t_first)
 
 
 Runner = Callable[[list[int], SamplingParams, int, int], RunResult]  # (prompt ids, sampling, seed, max_new)
@@ -45,16 +55,22 @@ class Method:
 
 
 def our_methods(target: HFModel, tokenizer, cheap_draft: HFModel | None, plain_draft: HFModel | None,
-                k_sweep: list[int], eos_ids: frozenset[int]) -> list[Method]:
-    def make(name: str, drafters, k: int | None) -> Method:
+                k_sweep: list[int], eos_ids: frozenset[int], verifications: tuple[str, ...] = ("token",)) -> list[Method]:
+    """Plain decoding, then our speculative methods with the first verification rule; each further
+    rule adds the adaptive methods again, named "<method> (<rule>)"."""
+    def make(name: str, drafters, k: int | None, verification: str = verifications[0]) -> Method:
         decoder = SpeculativeDecoder(target, tokenizer, drafters, eos_ids=eos_ids, policy=AdaptiveK())
 
         def run(ids: list[int], sampling: SamplingParams, seed: int, max_new: int) -> RunResult:
-            config = GenerationConfig(max_new_tokens=max_new, sampling=sampling, k=k, seed=seed)
+            config = GenerationConfig(max_new_tokens=max_new, sampling=sampling, k=k, seed=seed,
+                                      verification=verification)
             stats = GenerationStats()
             t0 = time.perf_counter()
             tokens = decoder.generate_ids(ids, config, stats=stats, speculative=bool(drafters))
-            return RunResult(tokens, time.perf_counter() - t0, stats)
+            seconds = time.perf_counter() - t0
+            first = stats.rounds[0] if stats.rounds else None
+            t_first = stats.t_prefill + first.t_draft + first.t_verify if first else None
+            return RunResult(tokens, seconds, stats, t_first, first.emitted if first else 1)
 
         return Method(name, "ours", k, run)
 
@@ -67,6 +83,11 @@ def our_methods(target: HFModel, tokenizer, cheap_draft: HFModel | None, plain_d
     if plain_draft is not None:
         methods.append(make("model adaptive, plain draft", [ModelDrafter(plain_draft)], None))
     methods.append(make("lookup adaptive", [LookupDrafter()], None))
+    for rule in verifications[1:]:
+        if cheap_draft is not None:
+            methods.append(make(f"model adaptive ({rule})", [ModelDrafter(cheap_draft)], None, rule))
+            methods.append(make(f"auto adaptive ({rule})", [LookupDrafter(), ModelDrafter(cheap_draft)], None, rule))
+        methods.append(make(f"lookup adaptive ({rule})", [LookupDrafter()], None, rule))
     return methods
 
 
@@ -102,7 +123,7 @@ def hf_methods(target: HFModel, plain_draft: HFModel | None, eos_ids: frozenset[
 
 def build_ours(target: str | None, draft: str | None, backend: str, dtype: str, device: str, threads: int,
                n_ctx: int, k_sweep: list[int], with_hf: bool, curve_ids: list[int],
-               curve_max: int) -> tuple[list[Method], dict]:
+               curve_max: int, verifications: tuple[str, ...] = ("token",)) -> tuple[list[Method], dict]:
     """Our methods on `backend` (and, on the transformers backend, HF generate on the same weights);
     info: the target's measured cost curve after `curve_ids`, names, the EOS ids and dtype."""
     import copy
@@ -127,10 +148,10 @@ def build_ours(target: str | None, draft: str | None, backend: str, dtype: str, 
             "exact": backend == "transformers" and torch_dtype in (torch.float32, torch.float64),
             "cost_curve": measure_cost_curve(target_model, curve_ids, curve_max)}
     if backend != "transformers":  # the draft runs its GGUF as it is: no cheaper variant to compare
-        return our_methods(target_model, tokenizer, draft_model, None, k_sweep, eos_ids), info
+        return our_methods(target_model, tokenizer, draft_model, None, k_sweep, eos_ids, verifications), info
     cheap = HFModel(copy.deepcopy(draft_model.model), f"{draft_model.name} (cheap: CPU defaults)")
     make_cheaper(cheap, tokenizer, device, None, None)
-    methods = our_methods(target_model, tokenizer, cheap, draft_model, k_sweep, eos_ids)
+    methods = our_methods(target_model, tokenizer, cheap, draft_model, k_sweep, eos_ids, verifications)
     if with_hf:
         methods += hf_methods(target_model, draft_model, eos_ids, tokenizer.pad_token_id)
     return methods, info
@@ -159,12 +180,14 @@ def build_llamacpp_native(target: str | None, threads: int, n_ctx: int,
             temp = 0.0 if sampling.greedy else sampling.temperature
             out: list[int] = []
             t0 = time.perf_counter()
+            t_first = None
             for tok in llm.generate(ids, temp=temp, top_k=sampling.top_k, top_p=sampling.top_p,
                                     min_p=sampling.min_p, typical_p=1.0, repeat_penalty=1.0, reset=True):
                 out.append(int(tok))
+                t_first = t_first if t_first is not None else time.perf_counter() - t0
                 if tok in eos_ids or len(out) >= max_new:
                     break
-            return RunResult(out, time.perf_counter() - t0, None)
+            return RunResult(out, time.perf_counter() - t0, None, t_first)
 
         return Method(name, "llama.cpp", None, run)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from specdecode.cli.generate import add_model_args, positive_int
 from specdecode.cli.output import console, emit_json
+from specdecode.core import VERIFY_RULES
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -33,8 +34,28 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--llama-cpp", action=argparse.BooleanOptionalAction, default=None,
                    help="include llama.cpp's own plain and prompt-lookup decoding of the same GGUF "
                         "(default: on for GGUF targets on CPU)")
+    p.add_argument("--verify", nargs="+", choices=list(VERIFY_RULES), default=["token"],
+                   help="verification rules to measure: the first runs every method of ours; each further one "
+                        "adds the adaptive methods again, named '<method> (<rule>)' (default: token)")
+    p.add_argument("--methods", nargs="+", default=None, metavar="PREFIX",
+                   help="run only the methods whose names start with one of these (e.g. auto lookup llama.cpp; "
+                        "our plain decoding always runs: it is the baseline)")
     p.add_argument("--out", default="bench-out", help="output directory (default bench-out/)")
     p.set_defaults(func=run_bench)
+
+
+def select_methods(methods: list, prefixes: list[str] | None) -> list:
+    """The methods named by `prefixes` (case-insensitive name prefixes), plus the baseline."""
+    from specdecode.bench.methods import BASELINE
+
+    if not prefixes:
+        return methods
+    wanted = [p.lower() for p in prefixes]
+    unknown = [p for p in prefixes if not any(m.name.lower().startswith(p.lower()) for m in methods)]
+    if unknown:
+        raise ValueError(f"--methods: no method starts with {', '.join(map(repr, unknown))}; the methods are: "
+                         + ", ".join(m.name for m in methods))
+    return [m for m in methods if m.name == BASELINE or any(m.name.lower().startswith(p) for p in wanted)]
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -75,7 +96,7 @@ def run_bench(args: argparse.Namespace) -> int:
     workers = [MethodWorker(build_ours, target=args.target, draft=args.draft, backend=backend, dtype=args.dtype,
                             device=device, threads=args.threads, n_ctx=n_ctx if backend == "llama.cpp" else 0,
                             k_sweep=k_sweep, with_hf=with_hf, curve_ids=curve_ids,
-                            curve_max=max(16, max(k_sweep) + 2))]
+                            curve_max=max(16, max(k_sweep) + 2), verifications=tuple(dict.fromkeys(args.verify)))]
     if with_llama:
         workers.append(MethodWorker(build_llamacpp_native, target=args.target, threads=args.threads, n_ctx=n_ctx,
                                     eos_ids=eos_ids))
@@ -87,6 +108,7 @@ def run_bench(args: argparse.Namespace) -> int:
         ours = workers[0].info
         methods = [m for w in workers for m in w.methods()
                    if w is workers[0] or m.family != "ours"]  # a second torch process adds only HF's rows
+        methods = select_methods(methods, args.methods)
         bench = run_benchmark(methods, encode, config, ours["exact"])
     finally:
         for w in workers:
