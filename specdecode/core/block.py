@@ -77,12 +77,7 @@ def verify_block(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Te
     residual = torch.where(bonus.unsqueeze(-1), p_next, residual)
     residual = torch.where((residual.sum(-1) > 0).unsqueeze(-1), residual, p_next)
     y = sample_with_noise(residual, rand.noise.to(torch.float64))
-
-    tokens = torch.full((B, K + 1), -1, dtype=torch.long, device=p.device)
-    kept = torch.arange(K, device=p.device) < tau.unsqueeze(-1)
-    tokens[:, :K] = torch.where(kept, draft_tokens, tokens[:, :K])
-    tokens[rows, tau] = y
-    return VerifyResult(n_accepted=tau, tokens=tokens)
+    return VerifyResult.of(draft_tokens, tau, y)
 
 
 def verify_block_reference(draft_tokens: list[int], q: torch.Tensor | None, p: torch.Tensor,

@@ -76,6 +76,16 @@ class VerifyResult:
     def emitted(self, b: int) -> list[int]:
         return self.tokens[b, : int(self.n_accepted[b]) + 1].tolist()
 
+    @staticmethod
+    def of(draft_tokens: torch.Tensor, n_accepted: torch.Tensor, y: torch.Tensor) -> "VerifyResult":
+        """Row b keeps its first n_accepted[b] drafts, then y[b]; the rest is -1."""
+        B, K = draft_tokens.shape
+        tokens = torch.full((B, K + 1), -1, dtype=torch.long, device=draft_tokens.device)
+        kept = torch.arange(K, device=draft_tokens.device) < n_accepted.unsqueeze(-1)
+        tokens[:, :K] = torch.where(kept, draft_tokens, tokens[:, :K])
+        tokens[torch.arange(B, device=draft_tokens.device), n_accepted] = y
+        return VerifyResult(n_accepted=n_accepted, tokens=tokens)
+
 
 def verify(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
            rand: Randomness, lengths: torch.Tensor | None = None) -> VerifyResult:
@@ -107,12 +117,7 @@ def verify(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
     residual = torch.where(rejected.unsqueeze(-1), (p_next - q_next).clamp_min(0), p_next)
     residual = torch.where((residual.sum(-1) > 0).unsqueeze(-1), residual, p_next)
     y = sample_with_noise(residual, rand.noise)
-
-    tokens = torch.full((B, K + 1), -1, dtype=torch.long, device=p.device)
-    kept = torch.arange(K, device=p.device) < n.unsqueeze(-1)
-    tokens[:, :K] = torch.where(kept, draft_tokens, tokens[:, :K])
-    tokens[rows, n] = y
-    return VerifyResult(n_accepted=n, tokens=tokens)
+    return VerifyResult.of(draft_tokens, n, y)
 
 
 def verify_reference(draft_tokens: list[int], q: torch.Tensor | None, p: torch.Tensor,

@@ -28,7 +28,7 @@ class Drafter(Protocol):
     name: str
 
     def reset(self) -> None:
-        """Forget all state (a new request starts)."""
+        """A new request starts: forget its state (a drafter may keep a bounded history of earlier requests)."""
 
     def propose(self, context: Sequence[int], k: int, params: SamplingParams,
                 generator: torch.Generator) -> Proposal:
