@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from specdecode.cli.generate import add_model_args, load_decoder, positive_int
-from specdecode.core import VERIFY_RULES
 from specdecode.cli.output import console, emit_json, table
+from specdecode.core import VERIFY_RULES
 
 DEFAULT_PROMPTS = ["Write a Python function that reverses a string.", "def fibonacci(n):"]
 

@@ -40,11 +40,11 @@ def verify_block(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Te
     lengths = check_inputs(draft_tokens, q, p, rand, lengths)
     B, K = draft_tokens.shape
     rows = torch.arange(B, device=p.device)
-    p64 = p.to(torch.float64)
+    # float64 only where needed: with one-hot q (lookup) the V-sized rows are touched once, for y
     q64 = None if q is None else q.to(torch.float64)
 
     # P_i for i = 0..K: the running weight (float64; a zero q_i(x_i) zeroes it for good)
-    p_x = p64[:, :K].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
+    p_x = p[:, :K].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1).to(torch.float64)
     q_x = torch.ones_like(p_x) if q64 is None else q64.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
     ratio = torch.where(q_x > 0, p_x / torch.where(q_x > 0, q_x, 1.0), 0.0)
     weight = torch.ones((B, K + 1), dtype=torch.float64, device=p.device)
@@ -55,7 +55,7 @@ def verify_block(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Te
     if q64 is None:
         mass = weight[:, :K] * (1 - p_x)  # one-hot q_{i+1} at x_{i+1}: p_x[:, i] is p_{i+1}(x_{i+1})
     else:
-        mass = (weight[:, :K, None] * p64[:, :K] - q64).clamp_min(0).sum(-1)  # |max(0, P_i p_{i+1} - q_{i+1})|
+        mass = (weight[:, :K, None] * p[:, :K].to(torch.float64) - q64).clamp_min(0).sum(-1)  # |max(0, P_i p_{i+1} - q_{i+1})|
     denominator = mass + 1 - weight[:, :K]
     h_residual = torch.where(denominator > 0, mass / torch.where(denominator > 0, denominator, 1.0), 0.0)
     h = torch.cat([h_residual[:, 1:], weight[:, K:]], dim=1)  # h_1..h_K (h_0 is never tested)
@@ -67,7 +67,7 @@ def verify_block(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Te
     tau = torch.where(stop, positions, 0).amax(dim=-1)  # the largest i with u_i < h_i, or 0
 
     bonus = tau == lengths
-    p_next = p64[rows, tau]
+    p_next = p[rows, tau].to(torch.float64)
     w = weight[rows, tau].unsqueeze(-1)
     if q64 is None:
         residual = w * p_next

@@ -13,7 +13,7 @@ from specdecode.core.block import verify_block, verify_block_reference
 from specdecode.core.probs import SamplingParams
 from specdecode.core.verify import Randomness
 from tests.core.test_enumeration import PARAMS, round_law, speculative_joint
-from tests.core.test_verify import V, random_case, two_token_p_value
+from tests.core.test_verify import check_batched_equals_reference, two_token_p_value
 from tests.toy import ToyModel
 
 
@@ -138,21 +138,7 @@ def test_enumeration_catches_broken_block_rules(broken):
 @pytest.mark.parametrize("seed", range(16))
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_batched_equals_reference_bit_for_bit(seed, deterministic):
-    g = torch.Generator().manual_seed(seed)
-    B, K = 32, 1 + seed % 5
-    draft, q, p = random_case(g, B, K)
-    if seed % 3 == 0:
-        p[: B // 2, :K] = q[: B // 2]  # p == q on some rows: weights stay 1, residuals vanish
-    lengths = torch.randint(1, K + 1, (B,), generator=g)
-    rand = Randomness.draw(B, K, V, g)
-    qq = None if deterministic else q
-    result = verify_block(draft, qq, p, rand, lengths)
-    for b in range(B):
-        L = int(lengths[b])
-        ref = verify_block_reference(draft[b, :L].tolist(), None if qq is None else q[b, :L], p[b, : L + 1],
-                                     rand.u[b, :L], rand.noise[b])
-        assert result.emitted(b) == ref, b
-        assert (result.tokens[b, L + 1:] == -1).all()
+    check_batched_equals_reference(verify_block, verify_block_reference, seed, deterministic)
 
 
 def test_a_failed_test_does_not_end_the_block():

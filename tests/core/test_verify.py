@@ -51,6 +51,12 @@ def random_case(g: torch.Generator, B: int, K: int, vocab: int = V, zeros: bool 
 @pytest.mark.parametrize("seed", range(20))
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_batched_equals_reference_bit_for_bit(seed, deterministic):
+    check_batched_equals_reference(verify, verify_reference, seed, deterministic)
+
+
+def check_batched_equals_reference(rule, reference, seed: int, deterministic: bool) -> None:
+    """`rule` on a random batch (ragged lengths, zeros, p == q on some rows) equals `reference`
+    row by row, bit for bit, with the same randomness."""
     g = torch.Generator().manual_seed(seed)
     B, K = 32, 1 + seed % 5
     draft, q, p = random_case(g, B, K)
@@ -59,11 +65,11 @@ def test_batched_equals_reference_bit_for_bit(seed, deterministic):
     lengths = torch.randint(1, K + 1, (B,), generator=g)
     rand = Randomness.draw(B, K, V, g)
     qq = None if deterministic else q
-    result = verify(draft, qq, p, rand, lengths)
+    result = rule(draft, qq, p, rand, lengths)
     for b in range(B):
         L = int(lengths[b])
-        ref = verify_reference(draft[b, :L].tolist(), None if qq is None else q[b, :L], p[b, : L + 1],
-                               rand.u[b, :L], rand.noise[b])
+        ref = reference(draft[b, :L].tolist(), None if qq is None else q[b, :L], p[b, : L + 1],
+                        rand.u[b, :L], rand.noise[b])
         assert result.emitted(b) == ref, b
         assert (result.tokens[b, L + 1:] == -1).all()
 
