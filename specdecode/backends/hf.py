@@ -99,6 +99,11 @@ class HFModel:
         if length == 0:
             self.cache = DynamicCache(config=self.model.config)
 
+    def sibling(self) -> "HFModel":
+        """Another sequence over the same weights (its own cache; passes are not shared: each
+        sequence of a batch runs its own forward, see the README on batching)."""
+        return HFModel(self.model, self.name)
+
     def clone_empty(self, name: str | None = None) -> "HFModel":
         """Another sequence over the same weights (its own, empty cache)."""
         return HFModel(self.model, name or self.name)

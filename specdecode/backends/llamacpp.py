@@ -6,9 +6,9 @@ the engine verifies, and rollback by `llama_memory_seq_rm` (removing the cache
 entries of positions >= length is all a rejected draft costs).
 
 The weights (`LlamaWeights`) are loaded once and memory-mapped; each `LlamaCppModel`
-is one sequence of a llama.cpp context. A context holds up to `n_seq_max` sequences,
-each token of a batch tagged with its sequence id, so several sequences can later
-share one pass (batching); today each model view owns one context and sequence 0.
+is one sequence of a `LlamaContext`. A context holds up to `n_seq_max` sequences,
+each token of a batch tagged with its sequence id, so several sequences share one
+pass (batching: `LlamaContext.forward_rows`).
 """
 
 from __future__ import annotations
@@ -74,10 +74,20 @@ def default_threads() -> int:
 
 @dataclass(frozen=True, slots=True)
 class LlamaSettings:
-    """How a llama.cpp context is built. n_ctx 0 = the model's trained context, capped by max_ctx."""
+    """How a llama.cpp context is built.
+
+    n_ctx is the context of each sequence (0 = the model's trained context, capped so that all
+    n_seq_max sequences together hold at most max_ctx tokens: the KV cache is allocated up
+    front, f16 ~28 KB a token for the 1.5B target). n_seq_max sequences share one context and
+    run in one pass (batching). The KV cache is unified (one pool of n_seq_max * n_ctx cells):
+    with a cache split per sequence, llama.cpp runs a separate ubatch per sequence, and 4
+    one-token rows cost 3.6 single steps instead of 1.9 (measured, README). Each sequence is held
+    to n_ctx tokens by the engine, so the pool never runs out; the price is that attention
+    scans the cells of all sequences (small next to the weights at these context lengths).
+    """
 
     n_ctx: int = 0
-    max_ctx: int = 32768  # bounds the KV cache (f16: ~0.9 GB for the 1.5B target at 32k)
+    max_ctx: int = 32768
     n_batch: int = 512  # tokens per llama_decode call (the prompt is fed in pieces of this size)
     n_threads: int = 0  # 0 = default_threads()
     flash_attn: bool = False  # measured slower for 1-16-token passes on the 2-core CPU (README)
@@ -136,40 +146,118 @@ class LlamaWeights:
         return buf.raw[:n].decode("utf-8", errors="replace")
 
 
-class LlamaCppModel:
-    """One sequence of a llama.cpp context over `weights`: the engine's `Model` protocol."""
+class LlamaContext:
+    """One llama.cpp context over `weights`: n_seq_max sequences, each with its own cache, that
+    can be decoded together in one `llama_decode` (`forward_rows`)."""
 
-    def __init__(self, weights: LlamaWeights, settings: LlamaSettings = LlamaSettings(),
-                 name: str | None = None) -> None:
+    def __init__(self, weights: LlamaWeights, settings: LlamaSettings = LlamaSettings()) -> None:
         ll = weights.ll
+        if settings.n_seq_max < 1:
+            raise ValueError(f"n_seq_max must be >= 1, got {settings.n_seq_max}")
         self.ll, self.weights, self.settings = ll, weights, settings
-        self.name = name or weights.name
-        self.vocab_size = weights.n_vocab
-        n_ctx = settings.n_ctx or min(weights.n_ctx_train or settings.max_ctx, settings.max_ctx)
+        per_seq = settings.n_ctx or min(weights.n_ctx_train or settings.max_ctx, settings.max_ctx // settings.n_seq_max)
         params = ll.llama_context_default_params()
-        params.n_ctx = n_ctx
+        params.n_ctx = per_seq * settings.n_seq_max
         params.n_batch = params.n_ubatch = settings.n_batch
         params.n_seq_max = settings.n_seq_max
+        params.kv_unified = True  # one ubatch for all sequences (see LlamaSettings)
         params.n_threads = params.n_threads_batch = settings.threads()
         params.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if settings.flash_attn \
             else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
         params.no_perf = True
         self.ctx = ll.llama_init_from_model(weights.ptr, params)
         if not self.ctx:
-            raise ValueError(f"llama.cpp could not create a context of {n_ctx} tokens for {self.name} "
-                             f"(out of memory? lower the context size)")
-        self.max_length = int(ll.llama_n_ctx(self.ctx))
+            raise ValueError(f"llama.cpp could not create a context of {settings.n_seq_max} x {per_seq} tokens "
+                             f"for {weights.name} (out of memory? lower the context size or the batch)")
+        self.max_length = min(per_seq, int(ll.llama_n_ctx_seq(self.ctx)))  # per sequence
         self.memory = ll.llama_get_memory(self.ctx)
-        self.seq_id = 0
-        self.device = torch.device("cpu")
         self._batch = ll.llama_batch_init(settings.n_batch, 0, 1)
-        self._length = 0
+        self.views: list[LlamaCppModel | None] = [None] * settings.n_seq_max
 
     def __del__(self) -> None:
         if getattr(self, "ctx", None):
             self.ll.llama_batch_free(self._batch)
             self.ll.llama_free(self.ctx)
             self.ctx = None
+
+    def forward_rows(self, rows: Sequence[tuple["LlamaCppModel", Sequence[int], int]]) -> list[torch.Tensor]:
+        """Run each row's tokens after its sequence's cache, all rows in one pass when they fit in
+        n_batch (else in consecutive passes; a row longer than n_batch goes in pieces); return each
+        row's logits [n_logits, vocab] for its last n_logits tokens."""
+        for model, tokens, n_logits in rows:
+            n = len(tokens)
+            if model.context is not self:
+                raise ValueError(f"{model.name} is a sequence of another llama.cpp context")
+            if n == 0 or not 1 <= n_logits <= n:
+                raise ValueError(f"forward needs >= 1 token and 1 <= n_logits <= {n}, got {n} tokens, "
+                                 f"n_logits={n_logits}")
+            if model.length + n > self.max_length:
+                raise ValueError(f"{model.name}: {model.length + n} tokens exceed the context of {self.max_length}")
+        if len({id(model) for model, _, _ in rows}) != len(rows):
+            raise ValueError("a pass holds each sequence at most once")
+        # pieces: (row index, tokens, offset of the first token in the row); grouped into passes
+        pieces = [(r, list(tokens[s:s + self.settings.n_batch]), s) for r, (_, tokens, _) in enumerate(rows)
+                  for s in range(0, len(tokens), self.settings.n_batch)]
+        out: list[list[np.ndarray]] = [[] for _ in rows]
+        group: list = []
+        for piece in pieces + [None]:
+            if piece is None or sum(len(p[1]) for p in group) + len(piece[1]) > self.settings.n_batch:
+                if group:
+                    self._decode(rows, group, out)
+                group = []
+            if piece is not None:
+                group.append(piece)
+        return [torch.from_numpy(np.stack(r)) for r in out]
+
+    def _decode(self, rows, group, out: list[list[np.ndarray]]) -> None:
+        b, i = self._batch, 0
+        wanted: list[tuple[int, int]] = []  # (row, batch index) whose logits are returned
+        for r, chunk, offset in group:
+            model, tokens, n_logits = rows[r]
+            for j, tok in enumerate(chunk):
+                b.token[i] = int(tok)
+                b.pos[i] = model.length + j
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = model.seq_id
+                b.logits[i] = offset + j >= len(tokens) - n_logits
+                if b.logits[i]:
+                    wanted.append((r, i))
+                i += 1
+        b.n_tokens = i
+        rc = self.ll.llama_decode(self.ctx, b)
+        if rc != 0:
+            # rc 1: no KV slot; other codes: invalid input or a fatal error. Drop whatever was written.
+            for r, _, _ in group:
+                model = rows[r][0]
+                self.ll.llama_memory_seq_rm(self.memory, model.seq_id, model.length, -1)
+            raise RuntimeError(f"{self.weights.name}: llama_decode failed with code {rc}")
+        for r, chunk, _ in group:
+            rows[r][0]._length += len(chunk)
+        for r, i in wanted:
+            ptr = self.ll.llama_get_logits_ith(self.ctx, i)
+            out[r].append(np.ctypeslib.as_array(ptr, shape=(self.weights.n_vocab,)).copy())
+
+
+class LlamaCppModel:
+    """One sequence of a llama.cpp context over `weights`: the engine's `Model` protocol.
+
+    Built alone it owns a new context (with settings.n_seq_max sequences); `sibling()` gives the
+    context's other sequences, which `forward_batch` runs together in one pass.
+    """
+
+    def __init__(self, weights: LlamaWeights, settings: LlamaSettings = LlamaSettings(),
+                 name: str | None = None, *, context: LlamaContext | None = None, seq_id: int = 0) -> None:
+        self.context = context if context is not None else LlamaContext(weights, settings)
+        if not 0 <= seq_id < len(self.context.views) or self.context.views[seq_id] is not None:
+            raise ValueError(f"sequence {seq_id} of this llama.cpp context is taken or out of range")
+        self.context.views[seq_id] = self
+        self.ll, self.weights, self.settings = weights.ll, weights, self.context.settings
+        self.name = name or weights.name
+        self.vocab_size = weights.n_vocab
+        self.max_length = self.context.max_length
+        self.seq_id = seq_id
+        self.device = torch.device("cpu")
+        self._length = 0
 
     @property
     def length(self) -> int:
@@ -183,47 +271,27 @@ class LlamaCppModel:
                f"flash_attn={s.flash_attn} n_batch={s.n_batch}"
 
     def forward(self, tokens: Sequence[int], n_logits: int = 1) -> torch.Tensor:
-        n = len(tokens)
-        if n == 0 or not 1 <= n_logits <= n:
-            raise ValueError(f"forward needs >= 1 token and 1 <= n_logits <= {n}, got {n} tokens, n_logits={n_logits}")
-        if self._length + n > self.max_length:
-            raise ValueError(f"{self.name}: {self._length + n} tokens exceed the context of {self.max_length}")
-        rows: list[np.ndarray] = []
-        first_logit = n - n_logits
-        for start in range(0, n, self.settings.n_batch):  # long inputs (prompts) go in pieces
-            chunk = tokens[start:start + self.settings.n_batch]
-            want = [start + i >= first_logit for i in range(len(chunk))]
-            self._decode(chunk, want)
-            rows += [self._logits(i) for i, w in enumerate(want) if w]
-        return torch.from_numpy(np.stack(rows))
+        return self.context.forward_rows([(self, tokens, n_logits)])[0]
 
-    def _decode(self, chunk: Sequence[int], want_logits: list[bool]) -> None:
-        b = self._batch
-        b.n_tokens = len(chunk)
-        for i, tok in enumerate(chunk):
-            b.token[i] = int(tok)
-            b.pos[i] = self._length + i
-            b.n_seq_id[i] = 1
-            b.seq_id[i][0] = self.seq_id
-            b.logits[i] = want_logits[i]
-        rc = self.ll.llama_decode(self.ctx, b)
-        if rc != 0:
-            # rc 1: no KV slot; other codes: invalid input or a fatal error. Drop whatever was written.
-            self.ll.llama_memory_seq_rm(self.memory, self.seq_id, self._length, -1)
-            raise RuntimeError(f"{self.name}: llama_decode failed with code {rc}")
-        self._length += len(chunk)
-
-    def _logits(self, i: int) -> np.ndarray:
-        ptr = self.ll.llama_get_logits_ith(self.ctx, i)
-        return np.ctypeslib.as_array(ptr, shape=(self.vocab_size,)).copy()
+    def forward_batch(self, rows: Sequence[tuple["LlamaCppModel", Sequence[int], int]]) -> list[torch.Tensor]:
+        """Several sequences of this context in one pass (see `backends.protocol.forward_batch`)."""
+        return self.context.forward_rows(rows)
 
     def truncate(self, length: int) -> None:
         if not 0 <= length <= self._length:
             raise ValueError(f"cannot truncate a cache of {self._length} tokens to {length}")
         if length < self._length:
-            if not self.ll.llama_memory_seq_rm(self.memory, self.seq_id, length, -1):
+            if not self.ll.llama_memory_seq_rm(self.context.memory, self.seq_id, length, -1):
                 raise RuntimeError(f"{self.name}: llama.cpp could not remove cache positions >= {length}")
             self._length = length
+
+    def sibling(self) -> "LlamaCppModel":
+        """The next free sequence of this context (its own, empty cache; shares passes with this one)."""
+        free = [i for i, v in enumerate(self.context.views) if v is None]
+        if not free:
+            raise ValueError(f"all {len(self.context.views)} sequences of {self.name}'s llama.cpp context are "
+                             f"in use (build it with a larger n_seq_max)")
+        return LlamaCppModel(self.weights, name=self.name, context=self.context, seq_id=free[0])
 
     def clone_empty(self, name: str | None = None) -> "LlamaCppModel":
         """Another sequence over the same weights (its own, empty context)."""

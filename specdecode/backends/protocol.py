@@ -3,6 +3,11 @@
 A backend owns one sequence's KV cache. `forward` appends tokens at positions
 length .. length+n-1 and returns next-token logits for the last `n_logits` of
 them; `truncate` rolls the cache back (rejected drafts) and must be cheap.
+
+Several sequences at once (batching): `sibling()` gives another sequence over the
+same weights with its own cache; `forward_batch` runs one round's rows of several
+sequences, in one pass where the backend can (llama.cpp: siblings share a context
+and a `llama_decode`), else one pass per row (transformers: see the README).
 """
 
 from __future__ import annotations
@@ -27,3 +32,29 @@ class Model(Protocol):
 
     def truncate(self, length: int) -> None:
         """Keep only the first `length` cached positions."""
+
+    def sibling(self) -> "Model":
+        """Another sequence over the same weights, with its own empty cache."""
+
+
+Row = tuple[Model, Sequence[int], int]  # (a sequence, the tokens to run after its cache, n_logits)
+
+
+def forward_batch(rows: Sequence[Row]) -> list[torch.Tensor]:
+    """`forward` for several sequences: each row's logits [n_logits, vocab], in order.
+
+    Rows whose models share a batched pass (a `forward_batch` method, as llama.cpp siblings
+    have) run together, one pass per such group; any other row runs alone."""
+    out: list[torch.Tensor | None] = [None] * len(rows)
+    groups: dict[int, list[int]] = {}
+    for i, (model, _, _) in enumerate(rows):
+        key = id(getattr(model, "context", model)) if hasattr(model, "forward_batch") else -1 - i
+        groups.setdefault(key, []).append(i)
+    for members in groups.values():
+        model = rows[members[0]][0]
+        if hasattr(model, "forward_batch"):
+            for i, logits in zip(members, model.forward_batch([rows[i] for i in members])):
+                out[i] = logits
+        else:
+            out[members[0]] = model.forward(rows[members[0]][1], n_logits=rows[members[0]][2])
+    return out  # type: ignore[return-value]
