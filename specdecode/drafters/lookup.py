@@ -94,5 +94,8 @@ class LookupDrafter:
         self.index.extend(context[len(self.index.tokens):])
         return Proposal(self.index.propose(k) if k > 0 else [], None)
 
+    def fork(self) -> "LookupDrafter":
+        return LookupDrafter(self.config)
+
     def observe(self, drafted: int, accepted: int) -> None:
         pass

@@ -29,7 +29,8 @@ import time
 import torch
 
 from specdecode.backends.protocol import Model
-from specdecode.core.probs import SamplingParams, logits_to_probs, sample
+from specdecode.core.probs import SamplingParams, logits_to_probs
+from specdecode.core.reproducible import sample_token
 from specdecode.drafters.protocol import Proposal
 
 
@@ -69,7 +70,8 @@ class ModelDrafter:
             if self.min_confidence and float(torch.softmax(logits[0].float(), -1).max()) < self.min_confidence:
                 break
             q_i = logits_to_probs(logits[0], params)
-            x = int(sample(q_i, generator, greedy=params.greedy))
+            # the position of this draft in the whole sequence: reproducible sampling's noise is keyed by it
+            x = sample_token(q_i, generator, len(context) + len(tokens), params.greedy)
             tokens.append(x)
             rows.append(q_i)
             feed = [x]  # the last draft is not fed this round: the next sync catches it up
@@ -81,6 +83,11 @@ class ModelDrafter:
         (0 when in sync: up to two new tokens go into the first draft step itself)."""
         feed = len(context) - self._common_prefix(context)
         return feed - 1 if feed > 2 else 0
+
+    def fork(self) -> "ModelDrafter":
+        """Another slot's draft: a sibling sequence of the draft model (its own cache). Its draft
+        steps run per sequence, not batched across the slots (README, batching)."""
+        return ModelDrafter(self.model.sibling(), self.min_confidence)
 
     def observe(self, drafted: int, accepted: int) -> None:
         pass  # rollback happens lazily at the next sync, from the context itself

@@ -32,7 +32,15 @@ class Drafter(Protocol):
 
     def propose(self, context: Sequence[int], k: int, params: SamplingParams,
                 generator: torch.Generator) -> Proposal:
-        """Draft up to k tokens continuing `context` (the prompt plus everything emitted)."""
+        """Draft up to k tokens continuing `context` (the prompt plus everything emitted).
+
+        `generator` is the sequence's randomness: a drafter that samples draws its token at
+        sequence position `len(context) + i` with `core.reproducible.sample_token`, which also
+        serves reproducible mode (there `generator` is a `CounterNoise`)."""
 
     def observe(self, drafted: int, accepted: int) -> None:
         """Told after verification how many of the drafted tokens the target accepted."""
+
+    def fork(self) -> "Drafter":
+        """A drafter of the same kind for another sequence running at the same time (a batch
+        slot): its own per-sequence state, the same weights."""

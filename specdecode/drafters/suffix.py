@@ -128,6 +128,11 @@ class SuffixDrafter:
             tail = tail[1:] + [token] if len(tail) >= self.config.max_n else tail + [token]
         return tokens
 
+    def fork(self) -> "SuffixDrafter":
+        """Another slot's drafter, with its own index and history: each slot learns from the
+        requests it served (a shared index would need a lock-free count of concurrent texts)."""
+        return SuffixDrafter(self.config)
+
     def observe(self, drafted: int, accepted: int) -> None:
         pass
 

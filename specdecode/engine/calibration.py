@@ -80,7 +80,8 @@ class CalibrationStore:
         costs = None if recalibrate else self.load(key)
         if costs is not None:
             policy.load_costs(costs)
-            return True
+            if not policy.wants_calibration():  # e.g. a batch needs pass sizes the file lacks
+                return True
         measure()
         self.save(key, policy.costs())
         return False

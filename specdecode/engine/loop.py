@@ -1,37 +1,40 @@
-"""The speculative decoding loop, on token ids.
+"""The speculative decoding loop, on token ids, for a batch of sequences.
 
-Invariant: the target's cache holds the whole context except its last token,
-`pending`. Each round feeds [pending, x_1..x_K] in one pass, which yields
+Invariant, per sequence: the target's cache holds the whole context except its last
+token, `pending`. Each round feeds [pending, x_1..x_K] in one pass, which yields
 p_1..p_{K+1} (the logits at `pending` judge x_1, and so on), then:
 
     verify -> emit x_1..x_n, y -> truncate the target cache to drop x_{n+1}..x_K
     -> y becomes the next `pending` (it has no K/V entry yet: the next round feeds it)
 
-Drafters are tried in order (e.g. lookup, then the draft model); the first that
-proposes something drafts this round, with K from the policy. A round with no
-drafts is one plain decode step, so plain autoregressive decoding (the baseline
-and the tests' oracle) is this same loop with no drafters.
+`step(batch)` does one round for every running sequence: each drafts on its own
+(drafters tried in order, e.g. lookup then the draft model; the first that proposes
+something drafts, with K from the sequence's policy given what the rest of the batch
+puts into the pass), then ONE target pass over every sequence's row (ragged; a row
+with no drafts is a plain decode step), then each row is verified with randomness
+from the sequence's own generator and truncated on its own. Single-request
+generation is `step` over a batch of one, and plain autoregressive decoding (the
+baseline and the tests' oracle) is a sequence with no drafters: one loop.
 """
 
 from __future__ import annotations
 
 import time
-import weakref
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Iterator, Sequence as Seq
 
 import torch
 
-from specdecode.backends.protocol import Model
+from specdecode.backends.protocol import Model, forward_batch
 from specdecode.core import VERIFY_RULES
-from specdecode.core.probs import SamplingParams, logits_to_probs, sample
-from specdecode.core.verify import Randomness, VerifyResult, verify
+from specdecode.core.probs import SamplingParams, logits_to_probs
+from specdecode.core.reproducible import CounterNoise, sample_token, verify_equal
+from specdecode.core.verify import Randomness, verify
 from specdecode.drafters.protocol import Drafter, Proposal
 from specdecode.engine.config import GenerationConfig
-from specdecode.engine.policy import AdaptiveK, FixedK, KPolicy
+from specdecode.engine.policy import ALONE, AdaptiveK, BatchLoad, FixedK, KPolicy
+from specdecode.engine.sequence import Sequence, Slot, VerifyRule
 from specdecode.engine.stats import GenerationStats, RoundRecord
-
-VerifyRule = Callable[..., VerifyResult]  # verify's signature: (draft_tokens, q, p, rand) -> VerifyResult
 
 # where each emitted token came from
 DRAFT, CORRECTION, BONUS, TARGET = "draft", "correction", "bonus", "target"
@@ -43,97 +46,127 @@ class Round:
     sources: list[str]  # DRAFT (accepted), CORRECTION (residual sample), BONUS, or TARGET (plain step)
 
 
-def generate_tokens(target: Model, drafters: Sequence[Drafter], prompt: Sequence[int], config: GenerationConfig,
-                    eos_ids: frozenset[int], stats: GenerationStats | None = None,
-                    policy: KPolicy | None = None, rule: VerifyRule | None = None) -> Iterator[Round]:
-    """Yield the tokens of each round until EOS or max_new_tokens (never overshot).
+def new_sequence(slot: Slot, prompt: Seq[int], config: GenerationConfig, eos_ids: frozenset[int],
+                 stats: GenerationStats | None = None, policy: KPolicy | None = None,
+                 rule: VerifyRule | None = None, speculative: bool = True) -> Sequence:
+    """A request's state, checked (the prompt must fit the target's context).
 
     policy: how many tokens to draft; default FixedK(config.k), or a fresh AdaptiveK when
-    config.k is None (pass a long-lived AdaptiveK to keep what it learned across requests).
+    config.k is None (pass an AdaptiveK's `for_request()` to use costs it measured).
     rule: the verification rule; default the config's (`verification`); the audit passes its
     negative controls here.
     """
     prompt = list(prompt)
+    target = slot.target
     if not prompt:
         raise ValueError("the prompt is empty: give at least one token")
     if len(prompt) + 1 > target.max_length:
         raise ValueError(f"the prompt has {len(prompt)} tokens but {target.name} has a context of "
                          f"{target.max_length}: shorten the prompt")
-    stats = stats if stats is not None else GenerationStats()
-    stats.prompt_tokens = len(prompt)
     if policy is None:
         policy = FixedK(config.k) if config.k is not None else AdaptiveK()
-    params = config.sampling
     rule = rule if rule is not None else VERIFY_RULES[config.verification]
-    generator = torch.Generator().manual_seed(config.seed)
+    source = CounterNoise(config.seed) if config.reproducible else torch.Generator().manual_seed(config.seed)
+    return Sequence(prompt, config, slot, policy, rule, source, eos_ids,
+                    stats if stats is not None else GenerationStats(), speculative)
 
+
+def start(seq: Sequence) -> None:
+    """Prefill the sequence's slot (calibrating an uncalibrated adaptive policy first)."""
+    seq.stats.prompt_tokens = len(seq.prompt)
     t0 = time.perf_counter()
-    if drafters and policy.wants_calibration():
-        calibrate(policy, target, drafters, prompt, params)
-    prefill(target, drafters, prompt)
-    policy.begin()
-    stats.t_prefill = time.perf_counter() - t0
+    if seq.drafters and seq.policy.wants_calibration():
+        calibrate(seq.policy, seq.slot.target, seq.drafters, seq.prompt, seq.config.sampling)
+    prefill(seq.slot.target, seq.slot.drafters, seq.prompt)
+    seq.policy.begin()
+    _claim(seq)
+    seq.stats.t_prefill = time.perf_counter() - t0
 
-    context = prompt
-    produced = 0
-    owner = _claim(target)
-    while produced < config.max_new_tokens:
-        _check_owner(target, owner, context)
-        budget = config.max_new_tokens - produced
-        if target.length + 1 > target.max_length:
-            return  # the context is full
-        out = speculative_round(target, drafters, policy, context, budget - 1, params, generator, rule)
-        # The policy learns from the whole verification, drafts after an EOS included: they were
-        # drafted and judged by the target like any other, so they are honest evidence of the
-        # acceptance rate and of the pass's cost (and the request ends with this round anyway).
-        policy.observe(out.drafter, out.drafted, out.accepted, out.t_step * out.drafted, out.verified, out.t_verify)
-        emitted, sources = out.tokens, out.sources
-        for i, tok in enumerate(emitted):  # stop at EOS inside an accepted run
-            if tok in eos_ids:
-                emitted, sources = emitted[: i + 1], sources[: i + 1]
-                break
-        emitted, sources = emitted[:budget], sources[:budget]
-        # The statistics describe the output: only drafts up to the EOS count as accepted and
-        # tested (drafts past it are not in the output; counting them would skew alpha).
-        accepted = min(out.accepted, len(emitted))
-        stats.add_round(RoundRecord(drafter=out.drafter, drafted=out.drafted, accepted=accepted,
+
+def generate_tokens(target: Model, drafters: Seq[Drafter], prompt: Seq[int], config: GenerationConfig,
+                    eos_ids: frozenset[int], stats: GenerationStats | None = None,
+                    policy: KPolicy | None = None, rule: VerifyRule | None = None) -> Iterator[Round]:
+    """Yield the tokens of each round until EOS or max_new_tokens (never overshot): a batch of one.
+    (The prompt is checked here, before the first round.)"""
+    return run(new_sequence(Slot(target, tuple(drafters)), prompt, config, eos_ids, stats, policy, rule))
+
+
+def run(seq: Sequence) -> Iterator[Round]:
+    """Generate one sequence to its end: start it, then `step` it alone."""
+    start(seq)
+    while not seq.finished:
+        yield step([seq])[0]
+
+
+def step(batch: Seq[Sequence]) -> list[Round]:
+    """One round for each sequence of `batch` (none may be finished), in one target pass.
+
+    Returns each sequence's new tokens, in order; a sequence that ends (EOS, its token budget,
+    its context full) is marked finished and its slot may take another request.
+    """
+    if not batch:
+        return []
+    if any(seq.finished for seq in batch):
+        raise ValueError("step() got a finished sequence: drop finished sequences from the batch")
+    for seq in batch:
+        _check_owner(seq)
+    jobs = [RoundJob(seq.slot.target, seq.drafters, seq.policy, seq.context, seq.budget - 1,
+                     seq.config.sampling, seq.generator, seq.rule) for seq in batch]
+    rounds = []
+    for seq, out in zip(batch, speculative_rounds(jobs)):
+        rounds.append(_emit(seq, out))
+    return rounds
+
+
+def _emit(seq: Sequence, out: "RoundOutcome") -> Round:
+    """Apply one round's outcome to its sequence: EOS and budget cuts, statistics, the end."""
+    # The policy learns from the whole verification, drafts after an EOS included: they were
+    # drafted and judged by the target like any other, so they are honest evidence of the
+    # acceptance rate and of the pass's cost (and the request ends with this round anyway).
+    seq.policy.observe(out.drafter, out.drafted, out.accepted, out.t_step * out.drafted, out.pass_tokens,
+                       out.t_verify)
+    emitted, sources = out.tokens, out.sources
+    for i, tok in enumerate(emitted):  # stop at EOS inside an accepted run
+        if tok in seq.eos_ids:
+            emitted, sources = emitted[: i + 1], sources[: i + 1]
+            break
+    emitted, sources = emitted[:seq.budget], sources[:seq.budget]
+    # The statistics describe the output: only drafts up to the EOS count as accepted and
+    # tested (drafts past it are not in the output; counting them would skew alpha).
+    accepted = min(out.accepted, len(emitted))
+    seq.stats.add_round(RoundRecord(drafter=out.drafter, drafted=out.drafted, accepted=accepted,
                                     emitted=len(emitted), t_draft=out.t_draft, t_verify=out.t_verify,
-                                    verified=out.verified,
-                                    tested=accepted if accepted < out.accepted else None))
-        context = context + emitted
-        produced += len(emitted)
-        if emitted[-1] in eos_ids:
-            stats.finish_reason = "stop"
-        yield Round(emitted, sources)
-        if emitted[-1] in eos_ids:
-            return
+                                    verified=out.verified, tested=accepted if accepted < out.accepted else None))
+    seq.tokens += emitted
+    target = seq.slot.target
+    if emitted[-1] in seq.eos_ids:
+        seq.stats.finish_reason = "stop"
+        seq.finished = True
+    elif seq.budget <= 0 or target.length + 1 > target.max_length:  # the context is full
+        seq.finished = True
+    return Round(emitted, sources)
 
 
-# Which generation currently owns each target's cache (see _check_owner).
-_OWNERS: "weakref.WeakKeyDictionary[Model, object]" = weakref.WeakKeyDictionary()
-
-
-def _claim(target: Model) -> object:
-    """Mark `target`'s cache as this generation's (a later generation on it takes over)."""
-    owner = object()
+def _claim(seq: Sequence) -> None:
+    """Mark the slot's target cache as this sequence's (a later sequence in the slot takes over)."""
     try:
-        _OWNERS[target] = owner
-    except TypeError:  # not weak-referenceable: the length check alone guards it
+        seq.slot.target.owner = seq  # type: ignore[attr-defined]
+    except AttributeError:  # a model that takes no attributes: the length check alone guards it
         pass
-    return owner
 
 
-def _check_owner(target: Model, owner: object, context: list[int]) -> None:
+def _check_owner(seq: Sequence) -> None:
     """The loop's invariant (the cache holds context[:-1]) breaks when another generation used
     the same target in between, e.g. two `stream()` generators of one decoder advanced in turn.
     Detect it (ownership, and the cheap length check) instead of silently corrupting both."""
-    if _OWNERS.get(target, owner) is not owner or target.length != len(context) - 1:
+    target = seq.slot.target
+    if getattr(target, "owner", seq) is not seq or target.length != len(seq.prompt) + len(seq.tokens) - 1:
         raise RuntimeError(f"{target.name} is already generating another sequence (its cache no longer "
                            f"holds this generation's context): one decoder serves one generation at a "
-                           f"time; use a decoder per concurrent stream")
+                           f"time; use a decoder per concurrent stream, or generate_many for a batch")
 
 
-def prefill(target: Model, drafters: Sequence[Drafter], prompt: Sequence[int]) -> int:
+def prefill(target: Model, drafters: Seq[Drafter], prompt: Seq[int]) -> int:
     """Start a sequence: empty caches, then the prompt minus its last token (the first `pending`)
     into the target. Returns the target's cache length, to restore the prefix later by truncating."""
     target.truncate(0)
@@ -145,64 +178,111 @@ def prefill(target: Model, drafters: Sequence[Drafter], prompt: Sequence[int]) -
 
 
 @dataclass(frozen=True, slots=True)
+class RoundJob:
+    """What one row of a round needs (a running sequence's, or the audit's)."""
+
+    target: Model
+    drafters: Seq[Drafter]
+    policy: KPolicy
+    context: list[int]
+    k_cap: int  # bounds K (e.g. by the remaining token budget)
+    params: SamplingParams
+    generator: torch.Generator
+    rule: VerifyRule = verify
+
+
+@dataclass(frozen=True, slots=True)
 class RoundOutcome:
     tokens: list[int]  # x_1..x_n, y
     sources: list[str]
     drafter: str  # who proposed ("none": a plain step)
     drafted: int
     accepted: int
-    verified: int  # tokens in the target pass (padding included)
+    verified: int  # tokens in the target pass for this row (padding included)
     t_draft: float  # all drafting time of the round (catch-up included)
-    t_verify: float
+    t_verify: float  # the whole pass (shared by the batch's rows)
     t_step: float  # marginal time of one draft token, as the drafter measured it (else t_draft / drafted)
+    pass_tokens: int  # tokens in the whole pass (all rows): what t_verify paid for
 
 
-def speculative_round(target: Model, drafters: Sequence[Drafter], policy: KPolicy, context: list[int],
+def speculative_round(target: Model, drafters: Seq[Drafter], policy: KPolicy, context: list[int],
                       k_cap: int, params: SamplingParams, generator: torch.Generator,
                       rule: VerifyRule = verify) -> RoundOutcome:
-    """One round. The target cache must hold context[:-1]; afterwards it holds (context + tokens)[:-1].
+    """One round of one sequence (a batch of one). The target cache must hold context[:-1];
+    afterwards it holds (context + tokens)[:-1]. `rule` is the verification rule (the audit
+    swaps in broken ones to show it would catch them)."""
+    return speculative_rounds([RoundJob(target, drafters, policy, context, k_cap, params, generator, rule)])[0]
 
-    k_cap bounds K (e.g. by the remaining token budget). `rule` is the verification rule
-    (the audit swaps in broken ones to show it would catch them).
-    """
-    room = target.max_length - target.length - 1  # positions left after `pending`
-    t0 = time.perf_counter()
-    drafter, proposal = _draft(drafters, policy, context, min(k_cap, room), params, generator)
+
+def speculative_rounds(jobs: Seq[RoundJob]) -> list[RoundOutcome]:
+    """One round for each job: each drafts, one pass verifies them all, each is verified alone."""
+    rows, drafts_of, timing = [], [], []
+    tokens, expected = 0, 0.0  # what the rows drafted so far put into the pass and are expected to emit
+    for i, job in enumerate(jobs):
+        room = job.target.max_length - job.target.length - 1  # positions left after `pending`
+        later = len(jobs) - i - 1  # rows still to draft: one token each, for now
+        load = BatchLoad(tokens + later, expected + later) if len(jobs) > 1 else ALONE
+        t0 = time.perf_counter()
+        drafter, proposal = _draft(job.drafters, job.policy, job.context, min(job.k_cap, room), job.params,
+                                   job.generator, load)
+        t_draft = time.perf_counter() - t0
+        drafts = proposal.tokens if proposal else []
+        # padding to a cheaper pass size only pays when the row has the pass to itself
+        size = 1 if not drafts else len(drafts) + 1 if len(jobs) > 1 else \
+            min(job.policy.verify_size(len(drafts) + 1), room + 1)
+        padding = [drafts[-1]] * (size - len(drafts) - 1) if drafts else []  # ignored positions
+        rows.append((job.target, [job.context[-1]] + drafts + padding, size))
+        drafts_of.append((drafter, proposal))
+        timing.append(t_draft)
+        tokens += size
+        expected += job.policy.expected_tokens(drafter.name, len(drafts)) if drafts else 1.0
     t1 = time.perf_counter()
-    drafts = proposal.tokens if proposal else []
-    q = proposal.q if proposal else None
+    logits_of = forward_batch(rows)
+    t_pass = time.perf_counter() - t1
+    return [_verify_row(job, drafter, proposal, logits, t_draft, t_pass, size, tokens)
+            for job, (drafter, proposal), logits, t_draft, (_, _, size)
+            in zip(jobs, drafts_of, logits_of, timing, rows)]
 
-    size = min(policy.verify_size(len(drafts) + 1), room + 1) if drafts else 1
-    padding = [drafts[-1]] * (size - len(drafts) - 1) if drafts else []  # ignored positions
-    logits = target.forward([context[-1]] + drafts + padding, n_logits=size)[: len(drafts) + 1]
-    p = logits_to_probs(logits, params)
-    if drafts:
+
+def _verify_row(job: RoundJob, drafter: Drafter | None, proposal: Proposal | None, logits: torch.Tensor,
+                t_draft: float, t_pass: float, size: int, pass_tokens: int) -> RoundOutcome:
+    drafts = proposal.tokens if proposal else []
+    p = logits_to_probs(logits[: len(drafts) + 1], job.params)
+    position = len(job.context)  # of the round's first new token, in the whole sequence
+    if drafts and isinstance(job.generator, CounterNoise):
+        n, emitted = verify_equal(drafts, p, job.generator, position, job.params.greedy)  # reproducible
+        sources = [DRAFT] * n + [BONUS if n == len(drafts) else CORRECTION]
+        job.target.truncate(job.target.length - (size - 1 - n))
+        drafter.observe(len(drafts), n)
+    elif drafts:
+        q = proposal.q
         # every tensor on p's device (q comes from the draft model's); the randomness is drawn
-        # on the generator's device (CPU) and moved, so a seed's output does not depend on the device
-        rand = Randomness.draw(1, len(drafts), p.shape[-1], generator, device=p.device)
+        # on the sequence's generator (CPU) and moved, so a seed's output depends neither on
+        # the device nor on the other rows of the batch
+        rand = Randomness.draw(1, len(drafts), p.shape[-1], job.generator, device=p.device)
         draft_tokens = torch.tensor([drafts], dtype=torch.long, device=p.device)
-        result = rule(draft_tokens, None if q is None else q.to(device=p.device, dtype=p.dtype)[None], p[None], rand)
+        result = job.rule(draft_tokens, None if q is None else q.to(device=p.device, dtype=p.dtype)[None], p[None],
+                          rand)
         n = int(result.n_accepted[0])
         emitted = result.emitted(0)
         sources = [DRAFT] * n + [BONUS if n == len(drafts) else CORRECTION]
-        target.truncate(target.length - (size - 1 - n))  # keep pending + the n accepted drafts
+        job.target.truncate(job.target.length - (size - 1 - n))  # keep pending + the n accepted drafts
         drafter.observe(len(drafts), n)
     else:
-        n, emitted, sources = 0, [int(sample(p[0], generator, greedy=params.greedy))], [TARGET]
-    t2 = time.perf_counter()
+        n, emitted, sources = 0, [sample_token(p[0], job.generator, position, job.params.greedy)], [TARGET]
     t_step = 0.0
     if drafts:
-        t_step = proposal.step_seconds if proposal.step_seconds is not None else (t1 - t0) / len(drafts)
+        t_step = proposal.step_seconds if proposal.step_seconds is not None else t_draft / len(drafts)
     return RoundOutcome(emitted, sources, drafter.name if drafts else "none", len(drafts), n, size,
-                        t1 - t0, t2 - t1, t_step)
+                        t_draft, t_pass, t_step, pass_tokens)
 
 
-def _draft(drafters: Sequence[Drafter], policy: KPolicy, context: list[int], k_cap: int,
-           params: SamplingParams, generator: torch.Generator) -> tuple[Drafter | None, Proposal | None]:
+def _draft(drafters: Seq[Drafter], policy: KPolicy, context: list[int], k_cap: int, params: SamplingParams,
+           generator: torch.Generator, load: BatchLoad = ALONE) -> tuple[Drafter | None, Proposal | None]:
     """Ask the drafters in order; the first non-empty proposal (cut to K) wins."""
     for drafter in drafters:
         lag = getattr(drafter, "lag", None)  # tokens a stateful drafter must catch up on first
-        k = min(policy.choose(drafter.name, lag(context) if lag else 0), k_cap)
+        k = min(policy.choose(drafter.name, lag(context) if lag else 0, load), k_cap)
         if k < 1:
             continue
         proposal = drafter.propose(context, k, params, generator)
@@ -212,7 +292,7 @@ def _draft(drafters: Sequence[Drafter], policy: KPolicy, context: list[int], k_c
     return None, None
 
 
-def calibrate(policy: KPolicy, target: Model, drafters: Sequence[Drafter], prompt: Sequence[int],
+def calibrate(policy: KPolicy, target: Model, drafters: Seq[Drafter], prompt: Seq[int],
               params: SamplingParams) -> None:
     """Measure the target's pass costs and each drafter's step cost after `prompt` (caches reset after)."""
     prompt = list(prompt)

@@ -18,25 +18,47 @@ Because T_verify is not monotone on every machine (fp32 on CPU: 3 tokens can cos
 more than 4), a pass of n tokens may be padded to the cheaper size m > n; the
 padding positions are ignored (`verify_size`).
 
+In a batch the pass is shared: a row's K is chosen to maximise the whole pass's
+expected tokens per second, (E_others + E[N](alpha, K)) / (T(tokens_others + K + 1) +
+draft time), with T measured as a function of the pass's total tokens (rows of one
+token each cost what one row of that many tokens costs, to within the timing noise;
+README). So K falls to 0 when the batch already fills the machine, and rises where
+the curve is flat (a pass of 16 tokens costing little more than one of 8).
+
 K only decides how much work to speculate; it never changes the output law.
 """
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Hashable, Protocol
 
-from specdecode.core.theory import CostModel
+from specdecode.core.theory import CostModel, expected_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class BatchLoad:
+    """What the other rows of a shared pass put into it: tokens, and tokens expected to be emitted."""
+
+    tokens: int
+    expected: float
+
+
+ALONE = BatchLoad(0, 0.0)
 
 
 class KPolicy(Protocol):
     def begin(self) -> None:
         """A new request starts."""
 
-    def choose(self, drafter: str, lag: int = 0) -> int:
+    def choose(self, drafter: str, lag: int = 0, load: BatchLoad = ALONE) -> int:
         """K for the next round if `drafter` proposes (0 = do not speculate with it); `lag` is how
-        many tokens the drafter must catch up on before drafting (a draft model that sat out)."""
+        many tokens the drafter must catch up on before drafting (a draft model that sat out);
+        `load`, what the batch's other rows put into the same pass."""
+
+    def expected_tokens(self, drafter: str, k: int) -> float:
+        """Tokens a round of K drafts from `drafter` is expected to emit."""
 
     def verify_size(self, n: int) -> int:
         """How many tokens to run in a verification pass that needs n (>= n; extras are padding)."""
@@ -64,8 +86,11 @@ class FixedK:
     def begin(self) -> None:
         pass
 
-    def choose(self, drafter: str, lag: int = 0) -> int:
+    def choose(self, drafter: str, lag: int = 0, load: BatchLoad = ALONE) -> int:
         return self.k
+
+    def expected_tokens(self, drafter: str, k: int) -> float:
+        return float(k + 1)  # unknown acceptance: only a batch's other rows ask, and FixedK ignores it
 
     def verify_size(self, n: int) -> int:
         return n
@@ -112,6 +137,8 @@ class AdaptiveK:
     sweeps: int = 3  # measured calibration sweeps (after one warm-up sweep)
     prior_c: float = 3.0  # assumed T_target / T_draft for a drafter whose step time is unknown
     track_costs: bool = False  # keep refining timings online (K then depends on timing noise)
+    # pass sizes beyond k_max + 1 to measure too: batches put many rows into one pass
+    batch_sizes: tuple[int, ...] = ()
     t_verify: dict[int, float] = field(default_factory=dict)
     t_step: dict[str, float] = field(default_factory=dict)
     t_catchup: dict[str, float] = field(default_factory=dict)  # per token a drafter must catch up on
@@ -138,22 +165,56 @@ class AdaptiveK:
         return [self._t(self.verify_size(n)) for n in range(1, self.k_max + 2)]
 
     def _t(self, n: int) -> float:
-        return self.t_verify.get(n, 1.0)  # flat (the documents' model) until measured
+        """T_verify(n): measured, else interpolated linearly between measured sizes (extrapolated
+        from the two largest beyond them); flat (the documents' model) until measured."""
+        if n in self.t_verify or not self.t_verify:
+            return self.t_verify.get(n, 1.0)
+        sizes = sorted(self.t_verify)
+        lo = max([m for m in sizes if m < n], default=None)
+        hi = min([m for m in sizes if m > n], default=None)
+        if lo is None:
+            return self.t_verify[hi]
+        if hi is None:
+            if len(sizes) == 1:
+                return self.t_verify[lo]
+            lo, hi = sizes[-2], sizes[-1]
+        slope = (self.t_verify[hi] - self.t_verify[lo]) / (hi - lo)
+        return self.t_verify[lo] + slope * (n - lo)
+
+    def for_request(self) -> "AdaptiveK":
+        """A policy for one more concurrent request: the same measured costs (shared, not
+        copied), its own acceptance evidence."""
+        return replace(self, drafters={})
 
     # --- KPolicy -------------------------------------------------------------------------
     def begin(self) -> None:
         self.drafters.clear()  # acceptance evidence is per request; timings are kept
 
-    def choose(self, drafter: str, lag: int = 0) -> int:
+    def choose(self, drafter: str, lag: int = 0, load: BatchLoad = ALONE) -> int:
         """The K that maximises expected tokens per second this round, counting the catch-up a
         lagging draft model must do first (on llama.cpp a 16-token catch-up of the 0.5B draft
         costs ~3 target steps: a test round every 16 would have cost 30% of plain speed)."""
         s = self._state(drafter)
-        model = self.cost_model(drafter, lag)
-        k = model.optimal_k(self.alpha(drafter), self.k_max)
-        if k == 0 and s.rounds_since_tried >= self.explore_every and model.optimal_k(self.explore_alpha, self.k_max):
+        best = lambda alpha: self._best_k(drafter, alpha, lag, load)  # noqa: E731
+        k = best(self.alpha(drafter))
+        if k == 0 and s.rounds_since_tried >= self.explore_every and best(self.explore_alpha):
             return 1  # re-test now and then: the text may have become easier to draft
         return k
+
+    def _best_k(self, drafter: str, alpha: float, lag: int, load: BatchLoad) -> int:
+        if load == ALONE:
+            return self.cost_model(drafter, lag).optimal_k(alpha, self.k_max)
+        t_step = self.t_step.get(drafter, self._t(1) / self.prior_c)
+        t_setup = lag * self.t_catchup.get(drafter, 0.0)
+
+        def rate(k: int) -> float:
+            if k == 0:
+                return (load.expected + 1) / self._t(load.tokens + 1)
+            return (load.expected + expected_tokens(alpha, k)) / (self._t(load.tokens + k + 1) + t_setup + k * t_step)
+        return max(range(self.k_max + 1), key=lambda k: (rate(k), -k))
+
+    def expected_tokens(self, drafter: str, k: int) -> float:
+        return expected_tokens(self.alpha(drafter), k)
 
     def verify_size(self, n: int) -> int:
         best = n
@@ -177,7 +238,7 @@ class AdaptiveK:
             self._track(self.t_step, drafter, t_draft / drafted)
 
     def wants_calibration(self) -> bool:
-        return not self.t_verify
+        return not self.t_verify or any(n not in self.t_verify for n in self.batch_sizes)
 
     def calibrate(self, time_pass: Callable[[int], float | None],
                   time_step: dict[str, Callable[[], float | None]],
@@ -190,7 +251,7 @@ class AdaptiveK:
         survive noise that moves their level (timed size by size, T(1) varied 130-250 ms here).
         """
         medians = interleaved_medians(
-            {**{("pass", n): (lambda n=n: time_pass(n)) for n in range(1, self.k_max + 2)},
+            {**{("pass", n): (lambda n=n: time_pass(n)) for n in sorted({*range(1, self.k_max + 2), *self.batch_sizes})},
              **{("step", name): measure for name, measure in time_step.items()},
              **{("catchup", name): measure for name, measure in (time_catchup or {}).items()}}, self.sweeps)
         self.t_verify = {n: t for (kind, n), t in medians.items() if kind == "pass"}

@@ -158,3 +158,31 @@ def test_catch_up_cost_of_a_lagging_drafter_is_counted():
     assert policy.choose("model", lag=16) == 0  # 3.2 steps of catch-up outweigh the round's gain
     assert policy.cost_model("model", lag=16).round_time(2) == pytest.approx(1.2 + 0.2 + 3.2)
     assert policy.cost_model("model", lag=16).round_time(0) == pytest.approx(1.0)  # K = 0 catches up nothing
+
+
+def test_pass_cost_between_and_beyond_measured_sizes_is_linear():
+    policy = AdaptiveK(k_max=2)
+    policy.load_costs({"t_verify": {"1": 0.05, "2": 0.08, "3": 0.10, "16": 0.40, "32": 0.70}, "t_step": {}})
+    assert policy._t(2) == 0.08
+    assert abs(policy._t(8) - (0.10 + 5 * 0.30 / 13)) < 1e-12  # between 3 and 16
+    assert abs(policy._t(48) - (0.70 + 16 * 0.30 / 16)) < 1e-12  # beyond 32: the last slope
+    assert AdaptiveK()._t(40) == 1.0  # nothing measured: flat
+
+
+def test_for_request_shares_costs_not_acceptance():
+    parent = AdaptiveK(k_max=3)
+    parent.load_costs({"t_verify": {"1": 0.05}, "t_step": {"model": 0.01}})
+    parent.observe("model", 3, 0, 0.03, 4, 0.1)
+    child = parent.for_request()
+    assert child.t_verify is parent.t_verify and child.t_step is parent.t_step
+    assert child.drafters == {} and parent.drafters
+    child.observe("model", 3, 3, 0.03, 4, 0.1)
+    assert child.alpha("model") > parent.alpha("model")
+
+
+def test_batch_sizes_are_calibrated_when_missing():
+    policy = AdaptiveK(k_max=2, batch_sizes=(8, 16), sweeps=1)
+    policy.load_costs({"t_verify": {"1": 0.05, "2": 0.06, "3": 0.07}, "t_step": {}})
+    assert policy.wants_calibration()  # a batch needs sizes this file lacks
+    policy.calibrate(lambda n: 0.01 * n, {})
+    assert set(policy.t_verify) == {1, 2, 3, 8, 16} and not policy.wants_calibration()
