@@ -1,0 +1,137 @@
+"""Continuous batching: requests join and leave a running batch between rounds.
+
+The scheduler owns the decoder's slots. `admit` prefills a request into a free slot
+(bounded per round: `can_admit` lets at most `prefill_tokens` prompt tokens in between
+two rounds, at least one request, so a long prompt does not stall the running streams
+for long); `step` runs one round of every running request in one target pass and
+returns each one's new text; a request that ends, or that the caller `release`s
+(a client that left), frees its slot at once.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Hashable, Iterator, Sequence
+
+from specdecode.engine.config import GenerationConfig
+from specdecode.engine.decoder import Chunk, Generation, SpeculativeDecoder, TextAssembler
+from specdecode.engine.loop import start, step
+from specdecode.engine.sequence import Sequence as Seq, Slot
+from specdecode.engine.stats import GenerationStats
+
+
+@dataclass(eq=False)
+class Active:
+    """A running request: the caller's handle, its sequence and its text so far."""
+
+    key: Hashable
+    seq: Seq
+    text: TextAssembler
+
+
+class Scheduler:
+    def __init__(self, decoder: SpeculativeDecoder, prefill_tokens: int = 512) -> None:
+        if prefill_tokens < 1:
+            raise ValueError(f"prefill_tokens must be >= 1, got {prefill_tokens}")
+        self.decoder, self.prefill_tokens = decoder, prefill_tokens
+        self.free: list[Slot] = list(decoder.slots)
+        self.running: list[Active] = []
+        self._prefilled = 0  # prompt tokens admitted since the last round
+
+    def can_admit(self, prompt_tokens: int) -> bool:
+        """A free slot, and this prompt fits the prefill allowance of this round (the first always does,
+        and so does any while nothing is running: there is no stream to stall)."""
+        return bool(self.free) and (self._prefilled == 0 or not self.running
+                                    or self._prefilled + prompt_tokens <= self.prefill_tokens)
+
+    def admit(self, key: Hashable, ids: Sequence[int], config: GenerationConfig, speculative: bool = True,
+              stats: GenerationStats | None = None) -> Active:
+        """Prefill a request into a free slot; it takes part from the next round. Raises ValueError
+        for a request that cannot run (e.g. a prompt longer than the context), slot kept free."""
+        if not self.free:
+            raise RuntimeError("no free slot: check can_admit() first")
+        slot = self.free.pop(0)
+        try:
+            seq = self.decoder.sequence(slot, ids, config, stats if stats is not None else GenerationStats(),
+                                        speculative)
+            start(seq)
+        except BaseException:
+            self._free(slot)
+            raise
+        self._prefilled += len(seq.prompt)
+        active = Active(key, seq, TextAssembler(self.decoder.tokenizer, config.stop, seq.stats))
+        self.running.append(active)
+        return active
+
+    def step(self) -> list[tuple[Active, list[Chunk]]]:
+        """One round of every running request; those that end leave the batch (their last text included).
+        If the round fails, every running request is released and the error raised."""
+        batch = list(self.running)
+        self._prefilled = 0
+        try:
+            rounds = step([a.seq for a in batch])
+        except BaseException:
+            for a in batch:
+                self.release(a)
+            raise
+        out = []
+        for a, rnd in zip(batch, rounds):
+            chunks = [a.text.add(rnd)]
+            if a.text.stopped:  # a stop string: the output ends here
+                a.seq.finished = True
+            elif a.seq.finished and (tail := a.text.finish()) is not None:
+                chunks.append(tail)
+            if a.seq.finished:
+                self.release(a)
+            out.append((a, chunks))
+        return out
+
+    def release(self, active: Active) -> None:
+        """Drop a request (ended, or its client left) and free its slot's caches."""
+        if active in self.running:
+            self.running.remove(active)
+            self._free(active.seq.slot)
+
+    def _free(self, slot: Slot) -> None:
+        slot.target.truncate(0)
+        for drafter in slot.drafters:
+            drafter.reset()
+        self.free.append(slot)
+
+
+def stream_batch(decoder: SpeculativeDecoder, ids: list[list[int]], configs: list[GenerationConfig],
+                 speculative: bool = True, stats: Sequence[GenerationStats] | None = None
+                 ) -> Iterator[tuple[int, Chunk]]:
+    """(prompt index, chunk) for every prompt, decoded as one continuous batch of up to max_batch."""
+    stats = list(stats) if stats is not None else [GenerationStats() for _ in ids]
+    if len(stats) != len(ids):
+        raise ValueError(f"got {len(ids)} prompts but {len(stats)} stats objects")
+    for i, prompt in enumerate(ids):  # refuse up front, not after others have run
+        if not prompt or len(prompt) + 1 > decoder.target.max_length:
+            raise ValueError(f"prompt {i} has {len(prompt)} tokens; the context holds {decoder.target.max_length}: "
+                             f"give 1 to {decoder.target.max_length - 1} tokens")
+    scheduler = Scheduler(decoder)
+    waiting = deque(range(len(ids)))
+    try:
+        while waiting or scheduler.running:
+            while waiting and scheduler.can_admit(len(ids[waiting[0]])):
+                i = waiting.popleft()
+                scheduler.admit(i, ids[i], configs[i], speculative, stats[i])
+            for active, chunks in scheduler.step():
+                for chunk in chunks:
+                    yield active.key, chunk
+    finally:
+        for active in list(scheduler.running):
+            scheduler.release(active)
+
+
+def generations(decoder: SpeculativeDecoder, ids: list[list[int]], configs: list[GenerationConfig],
+                speculative: bool = True) -> list[Generation]:
+    """Every prompt's Generation, in order, decoded as one batch."""
+    stats = [GenerationStats() for _ in ids]
+    chunks: list[list[Chunk]] = [[] for _ in ids]
+    for i, chunk in stream_batch(decoder, ids, configs, speculative, stats):
+        chunks[i].append(chunk)
+    return [Generation("".join(c.text for c in cs), [t for c in cs for t in c.tokens], s, cs)
+            for cs, s in zip(chunks, stats)]

@@ -1,0 +1,193 @@
+"""Batching: every sequence of a mixed batch is what it is alone, and its law is the target's.
+
+Isolation (float32 tiny models, exact token equality): different prompts and lengths,
+fixed K 1..3, adaptive K, lookup/model/no drafters, greedy and seeded sampling, stop
+strings, early finishes, more requests than slots (continuous admission) and a request
+cancelled mid-way. Sampled rows equal their solo runs because each sequence draws from
+its own generator and (fixed K) makes the same draws; greedy rows are K-independent, so
+adaptive K may choose differently in a batch and still give the same tokens. The
+negative control mixes up the rows of the shared pass and must be caught.
+
+Exactness: the first two tokens of a sequence decoded beside two others (their own
+prompts, seeds and K) match the exact joint (chi-square; false-failure probability
+1e-3 per case at fixed seeds); a rule that accepts every draft must fail it.
+"""
+
+import itertools
+
+import pytest
+import torch
+
+from specdecode.backends import protocol
+from specdecode.core.probs import GREEDY, SamplingParams
+from specdecode.core.verify import VerifyResult
+from specdecode.drafters.lookup import LookupDrafter
+from specdecode.drafters.model import ModelDrafter
+from specdecode.engine import loop
+from specdecode.engine.config import GenerationConfig
+from specdecode.engine.decoder import SpeculativeDecoder
+from specdecode.engine.loop import new_sequence, start, step
+from specdecode.engine.policy import ALONE, AdaptiveK, BatchLoad, _DrafterState
+from specdecode.engine.scheduler import Scheduler
+from specdecode.engine.sequence import Slot
+from specdecode.stats import chi_square
+from tests.engine.test_sampling_exact import PROMPT, V, exact_joint
+from tests.tiny import char_tokenizer, tiny_pair
+
+SAMPLED = SamplingParams(temperature=0.8)
+PROMPTS = ["abcabcab", "hello hello", "a", "the cat sat on the mat. the cat", "xyz", "aaaa bbbb aaaa"]
+CONFIGS = [GenerationConfig(max_new_tokens=30, sampling=GREEDY, k=3),
+           GenerationConfig(max_new_tokens=12, sampling=SAMPLED, k=2, seed=5),
+           GenerationConfig(max_new_tokens=25, sampling=GREEDY, k=None),
+           GenerationConfig(max_new_tokens=30, sampling=SAMPLED, k=1, seed=9, stop=("7O",)),
+           GenerationConfig(max_new_tokens=5, sampling=GREEDY, k=2),
+           GenerationConfig(max_new_tokens=20, sampling=SAMPLED, k=3, seed=2)]
+
+
+@pytest.fixture(scope="module")
+def decoder():
+    target, draft = tiny_pair(seed=3, noise=0.05, dtype=torch.float32)
+    policy = AdaptiveK(k_max=4)
+    policy.load_costs({"t_verify": {str(n): 0.01 for n in range(1, 41)}, "t_step": {"lookup": 1e-5, "model": 1e-3}})
+    return SpeculativeDecoder(target, char_tokenizer(), [LookupDrafter(), ModelDrafter(draft)], eos_ids=[0],
+                              policy=policy, max_batch=4)
+
+
+def alone(decoder, prompts=PROMPTS, configs=CONFIGS, speculative=True):
+    return [decoder.generate(p, c, speculative=speculative) for p, c in zip(prompts, configs)]
+
+
+def test_batched_sequences_equal_their_solo_runs(decoder):
+    solo = alone(decoder)
+    batched = decoder.generate_many(PROMPTS, CONFIGS)
+    for s, b in zip(solo, batched):
+        assert b.tokens == s.tokens and b.text == s.text and b.finish_reason == s.finish_reason
+    # the case exercises what it names: drafts of K >= 2 accepted, early ends, a stop string
+    assert any(r.drafted >= 2 and r.accepted >= 1 for b in batched for r in b.stats.rounds)
+    assert {b.stats.new_tokens for b in batched[:5]} != {30}
+    assert batched[3].finish_reason == "stop" and batched[4].stats.new_tokens == 5
+
+
+def test_plain_and_speculative_rows_mix(decoder):
+    plain = alone(decoder, PROMPTS[:3], CONFIGS[:3], speculative=False)
+    batched = decoder.generate_many(PROMPTS[:3], CONFIGS[:3], speculative=False)
+    assert [b.tokens for b in batched] == [p.tokens for p in plain]
+    assert all(r.drafted == 0 for b in batched for r in b.stats.rounds)
+
+
+def test_a_cancelled_sequence_leaves_the_others_untouched(decoder):
+    solo = alone(decoder, PROMPTS[:3], CONFIGS[:3])
+    scheduler = Scheduler(decoder)
+    active = [scheduler.admit(i, decoder.encode(PROMPTS[i]), CONFIGS[i]) for i in range(3)]
+    out = {i: [] for i in range(3)}
+    rounds = 0
+    while scheduler.running:
+        for a, chunks in scheduler.step():
+            out[a.key] += [t for c in chunks for t in c.tokens]
+        rounds += 1
+        if rounds == 2:
+            scheduler.release(active[1])  # its client left
+            assert len(scheduler.free) == 2
+    assert out[0] == solo[0].tokens and out[2] == solo[2].tokens
+    assert out[1] == solo[1].tokens[:len(out[1])] and len(out[1]) < len(solo[1].tokens)
+    assert len(scheduler.free) == 4
+
+
+def test_rows_mixed_up_in_the_pass_are_caught(decoder, monkeypatch):
+    """Negative control: the check above must fail when rows see each other's logits."""
+    real = protocol.forward_batch
+    monkeypatch.setattr(loop, "forward_batch", lambda rows: real(rows)[-1:] + real(rows)[:-1] if len(rows) > 1
+                        else real(rows))
+    solo = alone(decoder, PROMPTS[:3], CONFIGS[:3])
+    with pytest.raises((AssertionError, RuntimeError, ValueError, IndexError)):
+        batched = decoder.generate_many(PROMPTS[:3], CONFIGS[:3])
+        assert [b.tokens for b in batched] == [s.tokens for s in solo]
+
+
+def test_generate_many_validates(decoder):
+    with pytest.raises(ValueError, match="list of prompts"):
+        decoder.generate_many("one prompt")
+    with pytest.raises(ValueError, match="one config per prompt"):
+        decoder.generate_many(["a", "b"], [CONFIGS[0]])
+    with pytest.raises(ValueError, match="prompt 1 has"):
+        decoder.generate_many(["a", "b" * 300])
+    assert decoder.generate_many([]) == []
+
+
+def test_step_refuses_finished_sequences(decoder):
+    seq = new_sequence(decoder.slots[0], [1, 2, 3], GenerationConfig(max_new_tokens=1), frozenset())
+    start(seq)
+    step([seq])
+    assert seq.finished
+    with pytest.raises(ValueError, match="finished"):
+        step([seq])
+
+
+def test_batch_policy_stops_speculating_when_the_pass_is_full():
+    policy = AdaptiveK(k_max=4)
+    # a steep curve (each token costs as much as the first: compute-bound), then a flat stretch
+    curve = {n: 0.05 * n for n in range(1, 9)} | {16: 0.41, 32: 1.6}
+    policy.load_costs({"t_verify": {str(n): t for n, t in curve.items()}, "t_step": {"lookup": 1e-6}})
+    policy.drafters["lookup"] = _DrafterState(accepted=60, tested=100)  # alpha ~0.6
+    assert policy.choose("lookup", 0, ALONE) == 0  # alpha 0.6 never pays on a steep curve
+    # 8 rows of one token cost 0.4 s; a pass of 16 costs about the same: drafting fills it for free
+    assert policy.choose("lookup", 0, BatchLoad(8, 8.0)) >= 3
+    policy.load_costs({"t_verify": {str(n): 0.01 for n in range(1, 6)} | {"40": 0.4}, "t_step": {"lookup": 1e-6}})
+    assert policy.choose("lookup", 0, ALONE) >= 3  # flat alone: draft
+    assert policy.choose("lookup", 0, BatchLoad(30, 30.0)) == 0  # a full machine: each token costs as much
+
+
+def batched_p_value(target, draft, params, rule=None, n=1500) -> float:
+    """p-value of the first two tokens of PROMPT decoded as the middle row of a batch of three."""
+    slots = [Slot(target, (ModelDrafter(draft),))] + [Slot(target.sibling(), (ModelDrafter(draft.sibling()),))
+                                                      for _ in range(2)]
+    counts = {key: 0 for key in itertools.product(range(V), repeat=2)}
+    multi = 0
+    for seed in range(n):
+        seqs = [new_sequence(slots[0], [3, 1, 4], GenerationConfig(max_new_tokens=6, sampling=params, k=3,
+                                                                     seed=10_000 + seed), frozenset()),
+                new_sequence(slots[1], PROMPT, GenerationConfig(max_new_tokens=3, sampling=params, k=2, seed=seed),
+                             frozenset(), rule=rule),
+                new_sequence(slots[2], [5, 5], GenerationConfig(max_new_tokens=4, sampling=params, k=1,
+                                                                seed=20_000 + seed), frozenset())]
+        for seq in seqs:
+            start(seq)
+        while len(seqs[1].tokens) < 2:
+            step([s for s in seqs if not s.finished])
+        counts[tuple(seqs[1].tokens[:2])] += 1
+        multi += seqs[1].stats.rounds[0].accepted >= 1
+    assert multi >= 0.05 * n  # the second draft's test was reached often enough to matter
+    joint = exact_joint(target, params)
+    keys = sorted(joint)
+    return chi_square([counts[key] for key in keys], [joint[key] for key in keys]).p_value
+
+
+@pytest.fixture(scope="module")
+def small_pair():
+    return tiny_pair(vocab=V, seed=7, noise=0.1, scale=0.2)
+
+
+def test_batched_sequence_has_the_targets_law(small_pair):
+    assert batched_p_value(*small_pair, SamplingParams(temperature=0.7, top_k=3)) > 1e-3
+
+
+def test_batched_negative_control_fails(small_pair):
+    generator = torch.Generator().manual_seed(0)
+
+    def accept_all(draft_tokens, q, p, rand) -> VerifyResult:
+        k = draft_tokens.shape[1]
+        bonus = torch.multinomial(p[:, k], 1, generator=generator).view(-1)
+        return VerifyResult.of(draft_tokens, torch.full((1,), k, dtype=torch.long), bonus)
+    assert batched_p_value(*small_pair, SamplingParams(temperature=0.7, top_k=3), rule=accept_all) < 1e-3
+
+
+def test_prefill_is_bounded_per_round_but_never_blocks_an_idle_scheduler(decoder):
+    scheduler = Scheduler(decoder, prefill_tokens=10)
+    first = scheduler.admit("a", list(range(1, 9)), CONFIGS[0])
+    assert not scheduler.can_admit(8)  # 8 + 8 > 10 while a stream runs: wait for the next round
+    scheduler.step()
+    assert scheduler.can_admit(8)  # a new round, a new allowance
+    scheduler.release(first)  # its client left before the next round
+    scheduler.admit("b", list(range(1, 9)), CONFIGS[0])
+    scheduler.release(scheduler.running[0])
+    assert scheduler.can_admit(500)  # nothing running: nothing to stall, admit at once
