@@ -81,12 +81,16 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verify", choices=list(VERIFY_RULES), default="token",
                    help="the exact verification rule: token (token by token, default) or block (the draft "
                         "judged as a whole, Sun et al. 2025: never fewer tokens per round; same output law)")
+    p.add_argument("--reproducible", action="store_true",
+                   help="reproducible sampling: each token a function of (seed, position), drafts accepted only "
+                        "when equal to it, so the output equals --no-spec with the same seed whatever K or "
+                        "drafter (same law; fewer drafts accepted than the default rule)")
 
 
 def config_from_args(args: argparse.Namespace) -> GenerationConfig:
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
     return GenerationConfig(max_new_tokens=args.max_new_tokens, sampling=sampling, k=args.k, seed=args.seed,
-                            stop=tuple(args.stop), verification=args.verify)
+                            stop=tuple(args.stop), verification=args.verify, reproducible=args.reproducible)
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -114,6 +118,7 @@ def load_decoder(args: argparse.Namespace, speculative: bool = True):
                                    dtype=args.dtype,
                                    device=args.device, draft_int8=args.draft_int8, draft_vocab=args.draft_vocab,
                                    draft_confidence=args.draft_confidence, speculative=speculative,
+                                   max_batch=getattr(args, "max_batch", 1),
                                    progress=not getattr(args, "json", False))
 
 

@@ -18,6 +18,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=port_number, default=8000, help="port (default 8000)")
     p.add_argument("--queue-size", type=positive_int, default=16, help="requests allowed to wait (then 429)")
+    p.add_argument("--max-batch", type=int, default=0,
+                   help="requests decoded at once, continuous batching: one target pass per round for all "
+                        "(default 0 = auto: 4 on llama.cpp, 1 on transformers; on llama.cpp each sequence's "
+                        "context is then --n-ctx, or 32768 tokens shared out)")
     p.add_argument("--model-id", default=None, help="the model name clients send (default: the target's)")
     p.add_argument("--max-body-bytes", type=positive_int, default=4 * 2 ** 20,
                    help="largest request body accepted (then 413; default 4 MiB)")
@@ -34,6 +38,8 @@ def run_serve(args: argparse.Namespace) -> int:
     from specdecode.server.app import create_app
     from specdecode.server.process import serve
 
+    if args.max_batch < 0:
+        raise ValueError(f"--max-batch must be >= 1 (0 = auto), got {args.max_batch}")
     if args.max_body_bytes < 1 or args.drain_seconds < 0 or args.keep_alive_seconds < 1:
         raise ValueError("--max-body-bytes and --keep-alive-seconds must be >= 1, --drain-seconds >= 0")
     decoder = load_decoder(args)

@@ -251,7 +251,8 @@ def _config(decoder: SpeculativeDecoder, body, ids: list[int], chat: bool) -> Ge
         sampling = SamplingParams(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
                                   min_p=body.min_p)
         return GenerationConfig(max_new_tokens=limit, sampling=sampling, k=body.specdecode.k, seed=seed,
-                                stop=body.stop_strings, verification=body.specdecode.verification)
+                                stop=body.stop_strings, verification=body.specdecode.verification,
+                                reproducible=body.specdecode.reproducible)
     except ValueError as exc:
         raise ApiError(400, str(exc)) from None
 

@@ -56,6 +56,7 @@ class SpecOptions(_Strict):
     k: int | None = Field(default=None, ge=1, le=64)  # None = the server's policy
     speculative: bool = True
     verification: Literal["token", "block"] = "token"  # the exact rule (core.VERIFY_RULES); same output law
+    reproducible: bool = False  # reproducible sampling (core/reproducible.py): same seed, same text, any K/batch
 
 
 class StreamOptions(_Strict):

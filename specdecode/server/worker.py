@@ -1,12 +1,15 @@
-"""The generation queue: requests wait in a bounded FIFO and one worker thread serves them.
+"""The generation queue: requests wait in a bounded FIFO; one worker thread batches them.
 
 The event loop never runs model code: handlers submit a Job and await its events,
-which the worker pushes thread-safely. Jobs are served in arrival order. A job is
-a self-contained unit (prompt ids + frozen config + event sink), so a future
-worker can drain several at once and batch them without changing the handlers.
+which the worker pushes thread-safely. The worker runs continuous batching
+(`engine.scheduler.Scheduler`): between two rounds it admits waiting jobs in arrival
+order into free slots (up to the decoder's max_batch running at once; prompt
+prefill bounded per round so running streams do not stall), then runs one round of
+every running job in one target pass and pushes each job's new text. A job that
+ends leaves the batch at once and frees its slot for the next.
 
 Cancellation: a client that disconnects sets `job.cancelled`; the worker checks it
-after every round (so it stops within one round) and then frees the caches. A
+before every round (so it stops within one round) and frees the job's slot. A
 cancelled job that is still waiting no longer holds a queue slot.
 
 Shutdown: `abort_all` ends every running and waiting job with a 503 error event
@@ -17,11 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
 from specdecode.engine.config import GenerationConfig
 from specdecode.engine.decoder import Chunk, SpeculativeDecoder
+from specdecode.engine.scheduler import Scheduler
 from specdecode.engine.stats import GenerationStats
 from specdecode.server.metrics import Metrics
 
@@ -34,7 +39,7 @@ class ShuttingDown(Exception):
     pass
 
 
-@dataclass
+@dataclass(eq=False)
 class Job:
     ids: list[int]
     config: GenerationConfig
@@ -45,6 +50,8 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     aborted: bool = False  # cancelled by the server (shutdown), not by the client
     stats: GenerationStats = field(default_factory=GenerationStats)
+    t_submit: float = field(default_factory=time.perf_counter)
+    t_first: float | None = None  # when its first token was pushed (time to first token)
 
     def push(self, kind: str, payload) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, payload))
@@ -60,8 +67,9 @@ class GenerationQueue:
         if max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {max_queue}")
         self.decoder, self.metrics, self.max_queue = decoder, metrics, max_queue
+        self.scheduler = Scheduler(decoder)
         self._waiting: deque[Job] = deque()
-        self._running: Job | None = None
+        self._running: set[Job] = set()  # read by abort_all from another thread: under _cond
         self._closed: str | None = None  # the shutdown message once abort_all ran
         self._stop = False
         self._cond = threading.Condition()
@@ -87,7 +95,7 @@ class GenerationQueue:
         """End every running and waiting job with a 503 and refuse new ones (shutdown)."""
         with self._cond:
             self._closed = message
-            jobs = [*self._waiting, *([self._running] if self._running else [])]
+            jobs = [*self._waiting, *self._running]
             self._waiting.clear()
         for job in jobs:
             if not job.cancelled.is_set():
@@ -106,48 +114,70 @@ class GenerationQueue:
             self._cond.notify()
 
     def _next(self) -> Job | None:
+        """The next waiting job that fits this round (None: none now). Blocks while idle."""
         with self._cond:
-            while not self._waiting and not self._stop:
+            while not self._waiting and not self.scheduler.running and not self._stop:
                 self._cond.wait()
-            if self._stop:
+            if self._stop or not self._waiting or not self.scheduler.can_admit(len(self._waiting[0].ids)):
                 return None
-            self._running = self._waiting.popleft()
-            return self._running
+            job = self._waiting.popleft()
+            self._running.add(job)
+            return job
 
     def _serve(self) -> None:
-        while (job := self._next()) is not None:
-            try:
-                if job.cancelled.is_set():  # the client left while waiting
-                    if not job.aborted:
-                        self.metrics.cancelled.inc()
-                    continue
-                self.metrics.running.inc()
-                try:
-                    self._run(job)
-                except Exception as exc:  # report to the client; the server keeps serving
-                    job.push("error", (500, f"{type(exc).__name__}: {exc}"))
-                finally:
-                    self.decoder.target.truncate(0)  # free the caches of this request
-                    for drafter in self.decoder.drafters:
-                        drafter.reset()
-                    self.metrics.running.dec()
-            finally:
-                with self._cond:
-                    self._running = None
+        while not self._stop:
+            while (job := self._next()) is not None:
+                self._admit(job)
+            for active in list(self.scheduler.running):
+                if active.key.cancelled.is_set():  # the client left (or the server aborted it)
+                    self.scheduler.release(active)
+                    self._end(active.key, cancelled=True)
+            if self.scheduler.running:
+                self._round()
 
-    def _run(self, job: Job) -> None:
-        chunks = self.decoder.stream_ids(job.ids, job.config, speculative=job.speculative, stats=job.stats)
+    def _admit(self, job: Job) -> None:
+        if job.cancelled.is_set():  # the client left while waiting
+            self._end(job, cancelled=True, started=False)
+            return
         try:
+            self.scheduler.admit(job, job.ids, job.config, job.speculative, job.stats)
+        except Exception as exc:  # report to the client; the server keeps serving
+            job.push("error", (400 if isinstance(exc, ValueError) else 500, f"{type(exc).__name__}: {exc}"))
+            self._end(job, started=False)
+            return
+        self.metrics.running.inc()
+
+    def _round(self) -> None:
+        batch = [a.key for a in self.scheduler.running]
+        self.metrics.batch_size.observe(len(batch))
+        try:
+            results = self.scheduler.step()  # on failure every running job was released
+        except Exception as exc:
+            for job in batch:
+                job.push("error", (500, f"{type(exc).__name__}: {exc}"))
+                self._end(job)
+            return
+        self.metrics.pass_tokens.observe(sum(active.seq.stats.rounds[-1].verified for active, _ in results))
+        for active, chunks in results:
+            job = active.key
             for chunk in chunks:
-                if job.cancelled.is_set():
-                    if not job.aborted:
-                        self.metrics.cancelled.inc()
-                    return
+                if chunk.tokens and job.t_first is None:
+                    job.t_first = time.perf_counter()
+                    self.metrics.ttft.observe(job.t_first - job.t_submit)
                 job.push("chunk", chunk)
-        finally:
-            chunks.close()
+            if active.seq.finished:
+                self._end(job)
+                job.push("done", job.stats)
+
+    def _end(self, job: Job, cancelled: bool = False, started: bool = True) -> None:
+        """Account for a job that left the batch (or never entered it)."""
+        if cancelled and not job.aborted:
+            self.metrics.cancelled.inc()
+        if started:
             self.metrics.record(job.stats)
-        job.push("done", job.stats)
+            self.metrics.running.dec()
+        with self._cond:
+            self._running.discard(job)
 
 
 __all__ = ["Chunk", "GenerationQueue", "Job", "QueueFull", "ShuttingDown"]

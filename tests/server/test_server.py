@@ -191,3 +191,50 @@ def test_bounded_queue_answers_429(model_dirs):
         assert httpx.get(busy.url + "/health").status_code == 200
     finally:
         busy.stop()
+
+
+def test_continuous_batching_load(model_dirs, engine):
+    """--max-batch 3: 32 streaming clients x 5 requests (bounded) through three slots, some
+    hanging up mid-stream: zero errors, every greedy output equal to the engine's alone, rounds
+    that held several sequences, and nothing left running."""
+    batched = Server(model_dirs, "--drafter", "model", "--max-batch", "3", "--queue-size", "64")
+    prompts = ("a", "bb", "ccc", "dddd", "e")
+    expected = {p: engine.generate(p, GenerationConfig(max_new_tokens=24, sampling=GREEDY, k=None)).text
+                for p in prompts}
+    errors: list[str] = []
+
+    def worker(i: int) -> None:
+        client = openai.OpenAI(base_url=batched.url + "/v1", api_key="x", max_retries=0, timeout=240)
+        for j, prompt in enumerate(prompts):
+            try:
+                stream = client.completions.create(model="tiny", prompt=prompt, max_tokens=24, temperature=0,
+                                                   stream=True)
+                if (i + j) % 7 == 0:  # this client hangs up after its first chunk
+                    next(iter(stream))
+                    stream.close()
+                    continue
+                text = "".join(c.choices[0].text for c in stream)
+                if text != expected[prompt]:
+                    errors.append(f"client {i} prompt {prompt!r}: {text!r} != {expected[prompt]!r}")
+            except Exception as exc:  # noqa: BLE001 - every failure is a test failure, collected
+                errors.append(f"client {i}: {exc!r}")
+
+    try:
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(32)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=400)
+        assert not errors, errors[:5]
+        assert not any(t.is_alive() for t in threads)
+        deadline = time.time() + 30
+        while time.time() < deadline and batched.metric("specdecode_running_generations") > 0:
+            time.sleep(0.1)
+        assert batched.metric("specdecode_running_generations") == 0
+        assert batched.metric("specdecode_queued_requests") == 0
+        # several sequences per round: the mean batch size is above one
+        assert batched.metric("specdecode_batch_size_sum") > 1.5 * batched.metric("specdecode_batch_size_count")
+        assert batched.metric("specdecode_time_to_first_token_seconds_count") >= 32 * 5 - 32
+        assert batched.metric("specdecode_cancelled_total") >= 1
+    finally:
+        batched.stop()
