@@ -1,8 +1,10 @@
 """Exact laws from the target, and samples from the engine, both from one prefix.
 
 The prefix is prefilled once; every sample restores the target cache to it
-(truncate) and runs real engine rounds (`speculative_round`), so thousands of
-samples cost only their own rounds. The draft model's cache follows by itself:
+(truncate) and runs real engine rounds (`speculative_rounds`), so thousands of
+samples cost only their own rounds. In the batched mode every round of the audited
+sequence shares its target pass with neighbour sequences (other slots, their own
+prefixes, drafts and randomness), as requests do in the server. The draft model's cache follows by itself:
 it keeps the longest common prefix with each new context.
 """
 
@@ -16,31 +18,47 @@ from specdecode.backends.protocol import Model
 from specdecode.core.probs import SamplingParams, logits_to_probs
 from specdecode.core.verify import verify
 from specdecode.drafters.protocol import Drafter
-from specdecode.engine.loop import VerifyRule, prefill, speculative_round
-from specdecode.engine.policy import KPolicy
+from specdecode.engine.loop import RoundJob, VerifyRule, prefill, speculative_rounds
+from specdecode.engine.policy import FixedK, KPolicy
+from specdecode.engine.sequence import Slot
 
 UNBOUNDED = 1 << 30  # no token budget inside a round: the audit wants full K rounds
 
 
 def sample_first_tokens(target: Model, drafters: Sequence[Drafter], policy: KPolicy, prefix: Sequence[int],
                         params: SamplingParams, n_samples: int, n_tokens: int, generator: torch.Generator,
-                        rule: VerifyRule = verify, tick: Callable[[], None] | None = None) -> list[tuple[int, ...]]:
-    """n_samples independent draws of the first n_tokens the engine emits after `prefix`."""
+                        rule: VerifyRule = verify, tick: Callable[[], None] | None = None,
+                        neighbours: Sequence[tuple[Slot, Sequence[int]]] = ()) -> list[tuple[int, ...]]:
+    """n_samples independent draws of the first n_tokens the engine emits after `prefix`.
+
+    neighbours: (slot, prefix) of sequences that run beside it in every round's pass (K = 2,
+    their own generator), each restored to its prefix with every sample."""
     if not prefix:
         raise ValueError("the audit prompt is empty")
     base = prefill(target, drafters, prefix)
+    bases = [prefill(slot.target, slot.drafters, pre) for slot, pre in neighbours]
+    # the neighbours' randomness: their own generator, seeded from the audit's (only when batched)
+    others = torch.Generator().manual_seed(int(torch.randint(1 << 62, (1,), generator=generator))) \
+        if neighbours else None
     policy.begin()
     out = []
     for _ in range(n_samples):
-        context = list(prefix)
+        contexts = [list(prefix)] + [list(pre) for _, pre in neighbours]
         tokens: list[int] = []
         while len(tokens) < n_tokens:
-            r = speculative_round(target, drafters, policy, context, UNBOUNDED, params, generator, rule)
-            policy.observe(r.drafter, r.drafted, r.accepted, r.t_step * r.drafted, r.verified, r.t_verify)
+            jobs = [RoundJob(target, drafters, policy, contexts[0], UNBOUNDED, params, generator, rule)] + [
+                RoundJob(slot.target, slot.drafters, FixedK(2), context, UNBOUNDED, params, others)
+                for (slot, _), context in zip(neighbours, contexts[1:])]
+            outs = speculative_rounds(jobs)
+            r = outs[0]
+            policy.observe(r.drafter, r.drafted, r.accepted, r.t_step * r.drafted, r.pass_tokens, r.t_verify)
             tokens += r.tokens
-            context += r.tokens
+            for context, o in zip(contexts, outs):
+                context += o.tokens
         out.append(tuple(tokens[:n_tokens]))
         target.truncate(base)
+        for (slot, _), b in zip(neighbours, bases):
+            slot.target.truncate(b)
         if tick:
             tick()
     return out

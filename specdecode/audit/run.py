@@ -33,6 +33,7 @@ from specdecode.drafters.protocol import Drafter
 from specdecode.engine.config import GenerationConfig
 from specdecode.engine.loop import VerifyRule, generate_tokens
 from specdecode.engine.policy import AdaptiveK, FixedK, KPolicy
+from specdecode.engine.sequence import Slot
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,8 +94,9 @@ class AuditReport:
 
 def run_audit(target: Model, drafters: Sequence[Drafter], prompts: Sequence[Sequence[int]],
               sampling: SamplingParams, config: AuditConfig = AuditConfig(), rule: VerifyRule = verify,
-              progress: bool = True) -> AuditReport:
-    """Audit `rule` (the real one by default) with these drafters on these prompts."""
+              progress: bool = True, neighbours: Sequence[tuple[Slot, Sequence[int]]] = ()) -> AuditReport:
+    """Audit `rule` (the real one by default) with these drafters on these prompts; with
+    `neighbours` (slot, prefix), the law checks run batched beside those sequences."""
     if not drafters:
         raise ValueError("the audit needs at least one drafter: it checks speculative decoding")
     if not prompts or any(len(p) == 0 for p in prompts):
@@ -115,21 +117,21 @@ def run_audit(target: Model, drafters: Sequence[Drafter], prompts: Sequence[Sequ
         t0 = time.perf_counter()
         p = next_token_law(target, prompt, sampling)
         draws = sample_first_tokens(target, drafters, policy, prompt, sampling, config.samples, 1, generator,
-                                    rule, tick)
+                                    rule, tick, neighbours)
         cells = {(t,): float(p[t]) for t in range(p.shape[0]) if p[t] > 0}
         report.law_checks.append(law_check(f"prompt {i + 1}: next-token law", draws, cells, 0.0, level,
                                            time.perf_counter() - t0))
         t0 = time.perf_counter()
         cells2, rest = two_token_law(target, prompt, sampling)
         draws = sample_first_tokens(target, drafters, policy, prompt, sampling, config.samples, 2, generator,
-                                    rule, tick)
+                                    rule, tick, neighbours)
         report.law_checks.append(law_check(f"prompt {i + 1}: two-token law", draws, cells2, rest, level,
                                            time.perf_counter() - t0))
 
     t0 = time.perf_counter()
     p = next_token_law(target, prompts[0], sampling)
     draws = sample_first_tokens(target, drafters, policy, prompts[0], sampling, config.samples, 1, generator,
-                                CONTROLS[config.control], tick)
+                                CONTROLS[config.control], tick, neighbours)
     cells = {(t,): float(p[t]) for t in range(p.shape[0]) if p[t] > 0}
     report.control = law_check(f"negative control ({config.control}, prompt 1)", draws, cells, 0.0, level,
                                time.perf_counter() - t0)

@@ -9,6 +9,7 @@ from specdecode.cli.output import console, emit_json, table
 from specdecode.core import VERIFY_RULES
 
 DEFAULT_PROMPTS = ["Write a Python function that reverses a string.", "def fibonacci(n):"]
+NEIGHBOUR_PROMPTS = ["import numpy as np\n\n", "The quick brown fox"]  # --batched: the audited row's neighbours
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -34,6 +35,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="the verification rule to audit: token (default) or block")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="one prompt, 200 samples, 32 greedy tokens")
+    p.add_argument("--batched", action="store_true",
+                   help="run the law checks batched: every pass of the audited sequence also carries two "
+                        "neighbour sequences (their own prompts, drafts and randomness), as in the server")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run_audit_cmd)
 
@@ -47,16 +51,19 @@ def run_audit_cmd(args: argparse.Namespace) -> int:
                          greedy_tokens=args.greedy_tokens or (32 if args.quick else 64), level=args.level,
                          k=args.k, control=args.control, seed=args.seed)
     prompts = args.prompt or (DEFAULT_PROMPTS[:1] if args.quick else DEFAULT_PROMPTS)
+    args.max_batch = 1 + len(NEIGHBOUR_PROMPTS) if args.batched else 1
     decoder = load_decoder(args)
     ids = [decoder.encode(p, args.chat) for p in prompts]
+    neighbours = [(slot, decoder.encode(p, args.chat)) for slot, p in zip(decoder.slots[1:], NEIGHBOUR_PROMPTS)]
     report = run_audit(decoder.target, decoder.drafters, ids, sampling, config, rule=VERIFY_RULES[args.verify],
-                       progress=not args.json)
+                       progress=not args.json, neighbours=neighbours)
     if args.json:
         emit_json(report.to_dict())
         return 0 if report.passed else 1
     rows = [[c.name, "PASS" if c.passed else "FAIL", f"{c.p_value:.3g}", f"{c.level:.2g}", c.samples,
              f"{c.tv:.3f}", f"{c.tv_bound:.3f}", f"{c.seconds:.1f}"] for c in report.law_checks]
-    console.print(table(f"law checks ({sampling}, {args.verify} verification)", ["check", "result", "p-value", "level", "samples", "TV",
+    batched = ", batched beside 2 sequences" if args.batched else ""
+    console.print(table(f"law checks ({sampling}, {args.verify} verification{batched})", ["check", "result", "p-value", "level", "samples", "TV",
                                                      "TV bound", "s"], rows))
     console.print(table("greedy identity", ["check", "result", "tokens", "note", "s"],
                         [[c.name, "PASS" if c.passed else "FAIL", c.tokens, c.note, f"{c.seconds:.1f}"]
