@@ -20,6 +20,10 @@ class GenerationConfig:
     # the exact verification rule (core.VERIFY_RULES): "token" (Leviathan et al.'s, token by
     # token) or "block" (Sun et al.'s, the draft judged as a whole: never fewer tokens per round)
     verification: str = "token"
+    # reproducible sampling (core/reproducible.py): each position's token a function of (seed,
+    # position, p), drafts accepted iff equal to it, so the output equals plain decoding with the
+    # same seed whatever K, drafter or batch; same law, lower acceptance than the rules above
+    reproducible: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
@@ -32,5 +36,10 @@ class GenerationConfig:
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         if self.verification not in VERIFY_RULES:
             raise ValueError(f"verification must be one of {', '.join(VERIFY_RULES)}, got {self.verification!r}")
+        if not isinstance(self.reproducible, bool):
+            raise ValueError(f"reproducible must be true or false, got {self.reproducible!r}")
+        if self.reproducible and self.verification != "token":
+            raise ValueError("reproducible sampling verifies by equality with the target's own choice: "
+                             "leave verification at token")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError("stop strings must be non-empty strings")
