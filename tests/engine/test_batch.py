@@ -30,8 +30,7 @@ from specdecode.engine.loop import new_sequence, start, step
 from specdecode.engine.policy import ALONE, AdaptiveK, BatchLoad, _DrafterState
 from specdecode.engine.scheduler import Scheduler
 from specdecode.engine.sequence import Slot
-from specdecode.stats import chi_square
-from tests.engine.test_sampling_exact import PROMPT, V, exact_joint
+from tests.engine.test_sampling_exact import PROMPT, V, joint_p_value, pair  # noqa: F401 (a fixture)
 from tests.tiny import char_tokenizer, tiny_pair
 
 SAMPLED = SamplingParams(temperature=0.8)
@@ -157,28 +156,21 @@ def batched_p_value(target, draft, params, rule=None, n=1500) -> float:
         counts[tuple(seqs[1].tokens[:2])] += 1
         multi += seqs[1].stats.rounds[0].accepted >= 1
     assert multi >= 0.05 * n  # the second draft's test was reached often enough to matter
-    joint = exact_joint(target, params)
-    keys = sorted(joint)
-    return chi_square([counts[key] for key in keys], [joint[key] for key in keys]).p_value
+    return joint_p_value(target, params, counts)
 
 
-@pytest.fixture(scope="module")
-def small_pair():
-    return tiny_pair(vocab=V, seed=7, noise=0.1, scale=0.2)
+def test_batched_sequence_has_the_targets_law(pair):
+    assert batched_p_value(*pair, SamplingParams(temperature=0.7, top_k=3)) > 1e-3
 
 
-def test_batched_sequence_has_the_targets_law(small_pair):
-    assert batched_p_value(*small_pair, SamplingParams(temperature=0.7, top_k=3)) > 1e-3
-
-
-def test_batched_negative_control_fails(small_pair):
+def test_batched_negative_control_fails(pair):
     generator = torch.Generator().manual_seed(0)
 
     def accept_all(draft_tokens, q, p, rand) -> VerifyResult:
         k = draft_tokens.shape[1]
         bonus = torch.multinomial(p[:, k], 1, generator=generator).view(-1)
         return VerifyResult.of(draft_tokens, torch.full((1,), k, dtype=torch.long), bonus)
-    assert batched_p_value(*small_pair, SamplingParams(temperature=0.7, top_k=3), rule=accept_all) < 1e-3
+    assert batched_p_value(*pair, SamplingParams(temperature=0.7, top_k=3), rule=accept_all) < 1e-3
 
 
 def test_prefill_is_bounded_per_round_but_never_blocks_an_idle_scheduler(decoder):

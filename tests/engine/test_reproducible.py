@@ -20,8 +20,7 @@ from specdecode.engine.decoder import SpeculativeDecoder
 from specdecode.engine.loop import generate_tokens
 from specdecode.engine.policy import AdaptiveK
 from specdecode.engine.stats import GenerationStats
-from specdecode.stats import chi_square
-from tests.engine.test_sampling_exact import PROMPT, V, exact_joint
+from tests.engine.test_sampling_exact import PROMPT, V, joint_p_value, pair  # noqa: F401 (a fixture)
 from tests.tiny import char_tokenizer, tiny_pair
 
 SAMPLED = SamplingParams(temperature=0.9, top_p=0.95)
@@ -83,20 +82,13 @@ def engine_p_value(target, draft, n=1500) -> float:
         counts[tuple(tokens[:2])] += 1
         accepted += stats.rounds[0].accepted >= 1
     assert accepted >= 0.05 * n  # the equality test passed often enough to shape the law
-    joint = exact_joint(target, params)
-    keys = sorted(joint)
-    return chi_square([counts[key] for key in keys], [joint[key] for key in keys]).p_value
+    return joint_p_value(target, params, counts)
 
 
-@pytest.fixture(scope="module")
-def small_pair():
-    return tiny_pair(vocab=V, seed=7, noise=0.1, scale=0.2)
+def test_reproducible_sampling_has_the_targets_law(pair):
+    assert engine_p_value(*pair) > 1e-3
 
 
-def test_reproducible_sampling_has_the_targets_law(small_pair):
-    assert engine_p_value(*small_pair) > 1e-3
-
-
-def test_negative_control_noise_without_position_fails(small_pair, monkeypatch):
+def test_negative_control_noise_without_position_fails(pair, monkeypatch):
     monkeypatch.setattr(reproducible, "position_seed", lambda seed, position: seed)
-    assert engine_p_value(*small_pair) < 1e-3
+    assert engine_p_value(*pair) < 1e-3

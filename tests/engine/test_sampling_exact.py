@@ -80,6 +80,11 @@ def engine_p_value(target, drafters, params: SamplingParams, k: int | None, poli
         first = stats.rounds[0]
         k2_tested += first.drafted >= 2 and first.accepted >= 1  # x1 accepted: x2's test ran
     assert k2_tested >= min_k2_rounds * N, f"only {k2_tested} of {N} runs tested a 2nd draft in round 1"
+    return joint_p_value(target, params, counts)
+
+
+def joint_p_value(target, params: SamplingParams, counts: dict[tuple[int, int], int]) -> float:
+    """Chi-square p-value of counted first-two-token pairs against the exact joint after PROMPT."""
     joint = exact_joint(target, params)
     keys = sorted(joint)
     return chi_square([counts[key] for key in keys], [joint[key] for key in keys]).p_value
