@@ -37,7 +37,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="one prompt, 200 samples, 32 greedy tokens")
     p.add_argument("--batched", action="store_true",
                    help="run the law checks batched: every pass of the audited sequence also carries two "
-                        "neighbour sequences (their own prompts, drafts and randomness), as in the server")
+                        "neighbour sequences (their own prompts, drafts and randomness), as in the server "
+                        "(the audited sequence then drafts K = 3 unless --k is given)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run_audit_cmd)
 
