@@ -104,9 +104,6 @@ class HFModel:
         sequence of a batch runs its own forward, see the README on batching)."""
         return HFModel(self.model, self.name)
 
-    def clone_empty(self, name: str | None = None) -> "HFModel":
-        """Another sequence over the same weights (its own, empty cache)."""
-        return HFModel(self.model, name or self.name)
 
 
 def _refuse_sliding_window(cache: DynamicCache, config, name: str) -> None:

@@ -296,7 +296,3 @@ class LlamaCppModel:
             raise ValueError(f"all {len(self.context.views)} sequences of {self.name}'s llama.cpp context are "
                              f"in use (build it with a larger n_seq_max)")
         return LlamaCppModel(self.weights, name=self.name, context=self.context, seq_id=free[0])
-
-    def clone_empty(self, name: str | None = None) -> "LlamaCppModel":
-        """Another sequence over the same weights (its own, empty context)."""
-        return LlamaCppModel(self.weights, self.settings, name or self.name)
