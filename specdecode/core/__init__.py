@@ -4,6 +4,7 @@ from specdecode.core.probs import GREEDY, SamplingParams, logits_to_probs, sampl
 from specdecode.core.theory import (CostModel, acceptance_rate, break_even_alpha, expected_tokens, optimal_k,
                                     speedup, tokens_per_round_pmf, tv_distance)
 from specdecode.core.block import verify_block, verify_block_reference
+from specdecode.core.tree import DraftTree, TreeResult, verify_tree, verify_tree_reference
 from specdecode.core.verify import Randomness, VerifyResult, verify, verify_reference
 
 # The exact verification rules, by the name users select them with (--verify, `verification`).
@@ -14,5 +15,5 @@ __all__ = [
     "CostModel", "acceptance_rate", "break_even_alpha", "expected_tokens", "optimal_k", "speedup",
     "tokens_per_round_pmf", "tv_distance",
     "Randomness", "VerifyResult", "verify", "verify_reference", "verify_block", "verify_block_reference",
-    "VERIFY_RULES",
+    "DraftTree", "TreeResult", "verify_tree", "verify_tree_reference", "VERIFY_RULES",
 ]
