@@ -1,7 +1,9 @@
 """A transformers/PyTorch backend for any causal LM transformers can load.
 
 Rollback is `DynamicCache.crop`, which slices every layer's K/V to a shorter
-length: no copy, and no special case per model class.
+length: no copy, and no special case per model class. A draft tree runs in one
+pass with a 4D attention mask (each token sees the cache and its ancestors) and
+explicit positions; keeping the accepted path selects its K/V entries in every layer.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from safetensors import SafetensorError
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel,
                           PreTrainedTokenizerBase)
 from transformers.utils import logging as hf_logging
+
+from specdecode.backends.protocol import tree_depths
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16, "float64": torch.float64, "fp64": torch.float64}
@@ -63,6 +67,7 @@ class HFModel:
         self.vocab_size = int(model.get_output_embeddings().out_features)  # logits width
         self.max_length = int(getattr(model.config, "max_position_embeddings", 0) or 2 ** 31)
         self.cache = DynamicCache(config=model.config)
+        self._tree_base: int | None = None  # cache length before a tree pass not yet resolved
         _refuse_sliding_window(self.cache, model.config, name)
 
     @property
@@ -91,7 +96,45 @@ class HFModel:
         out = self.model(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=n_logits)
         return out.logits[0, -n_logits:]
 
+    @torch.inference_mode()
+    def forward_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """Run a tree after the cache (see `backends.protocol`); logits [len(tokens), vocab]. The cache
+        holds every tree token until `accept_path`."""
+        depth = tree_depths(parents)
+        n, length = len(tokens), self.length
+        if n == 0 or len(parents) != n:
+            raise ValueError(f"forward_tree needs >= 1 token and one parent per token, got {n} and {len(parents)}")
+        if length + max(depth) + 1 > self.max_length:
+            raise ValueError(f"{self.name}: {length + max(depth) + 1} tokens exceed the context of {self.max_length}")
+        sees = torch.zeros(n, length + n, dtype=torch.bool, device=self.device)
+        sees[:, :length] = True
+        for j in range(n):
+            k = j
+            while k >= 0:
+                sees[j, length + k] = True
+                k = parents[k]
+        ids = torch.as_tensor(list(tokens), dtype=torch.long, device=self.device).unsqueeze(0)
+        positions = torch.as_tensor([length + d for d in depth], dtype=torch.long, device=self.device).unsqueeze(0)
+        out = self.model(input_ids=ids, cache=self.cache, use_cache=True, attention_mask=sees[None, None],
+                         position_ids=positions)
+        self._tree_base = length
+        return out.logits[0]
+
+    def accept_path(self, path: Sequence[int]) -> None:
+        """After `forward_tree`: keep the cache before the tree plus the tree tokens `path` (indices
+        of a root-to-node chain, in order), in that order; drop the other tree tokens."""
+        base = self._tree_base
+        if base is None:
+            raise ValueError("accept_path() without a tree pass before it")
+        keep = torch.as_tensor(list(range(base)) + [base + j for j in path], dtype=torch.long, device=self.device)
+        for layer in self.cache.layers:
+            if getattr(layer, "is_initialized", True) and layer.keys is not None and layer.keys.numel():
+                layer.keys = layer.keys.index_select(-2, keep)
+                layer.values = layer.values.index_select(-2, keep)
+        self._tree_base = None
+
     def truncate(self, length: int) -> None:
+        self._tree_base = None
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot truncate a cache of {self.length} tokens to {length}")
         if length < self.length:

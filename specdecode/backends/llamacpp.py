@@ -9,6 +9,12 @@ The weights (`LlamaWeights`) are loaded once and memory-mapped; each `LlamaCppMo
 is one sequence of a `LlamaContext`. A context holds up to `n_seq_max` sequences,
 each token of a batch tagged with its sequence id, so several sequences share one
 pass (batching: `LlamaContext.forward_rows`).
+
+A draft tree is one pass too. llama.cpp masks attention by sequence id (a token sees the cells
+of its first sequence id at positions <= its own), so each leaf of the tree gets a scratch
+sequence id: the cache is copied into every branch (`llama_memory_seq_cp` only tags cells, it
+copies no K/V in a unified cache), each tree token is tagged with the branches through it, and
+afterwards the accepted path's cells are tagged with the sequence and the branches removed.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from typing import Sequence
 
 import numpy as np
 import torch
+
+from specdecode.backends.protocol import Row, tree_depths
 
 _init_lock = threading.Lock()
 # Process-wide, as llama.cpp's own backend state is: initialised once, on first use.
@@ -92,6 +100,7 @@ class LlamaSettings:
     n_threads: int = 0  # 0 = default_threads()
     flash_attn: bool = False  # measured slower for 1-16-token passes on the 2-core CPU (README)
     n_seq_max: int = 1
+    tree_leaves: int = 8  # scratch sequence ids per sequence: the most leaves a draft tree may have
 
     def threads(self) -> int:
         return self.n_threads or default_threads()
@@ -159,7 +168,13 @@ class LlamaContext:
         params = ll.llama_context_default_params()
         params.n_ctx = per_seq * settings.n_seq_max
         params.n_batch = params.n_ubatch = settings.n_batch
-        params.n_seq_max = settings.n_seq_max
+        if settings.tree_leaves < 0:
+            raise ValueError(f"tree_leaves must be >= 0, got {settings.tree_leaves}")
+        params.n_seq_max = settings.n_seq_max * (1 + settings.tree_leaves)  # sequences, then their scratch ids
+        if params.n_seq_max > ll.llama_max_parallel_sequences():
+            raise ValueError(f"{settings.n_seq_max} sequences x (1 + {settings.tree_leaves} tree leaves) exceed "
+                             f"llama.cpp's {ll.llama_max_parallel_sequences()} sequence ids: lower the batch or "
+                             f"the tree")
         params.kv_unified = True  # one ubatch for all sequences (see LlamaSettings)
         params.n_threads = params.n_threads_batch = settings.threads()
         params.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if settings.flash_attn \
@@ -171,7 +186,7 @@ class LlamaContext:
                              f"for {weights.name} (out of memory? lower the context size or the batch)")
         self.max_length = min(per_seq, int(ll.llama_n_ctx_seq(self.ctx)))  # per sequence
         self.memory = ll.llama_get_memory(self.ctx)
-        self._batch = ll.llama_batch_init(settings.n_batch, 0, 1)
+        self._batch = ll.llama_batch_init(settings.n_batch, 0, 1 + settings.tree_leaves)
         self.views: list[LlamaCppModel | None] = [None] * settings.n_seq_max
 
     def __del__(self) -> None:
@@ -180,24 +195,32 @@ class LlamaContext:
             self.ll.llama_free(self.ctx)
             self.ctx = None
 
-    def forward_rows(self, rows: Sequence[tuple["LlamaCppModel", Sequence[int], int]]) -> list[torch.Tensor]:
+    def forward_rows(self, rows: Sequence[Row]) -> list[torch.Tensor]:
         """Run each row's tokens after its sequence's cache, all rows in one pass when they fit in
-        n_batch (else in consecutive passes; a row longer than n_batch goes in pieces); return each
-        row's logits [n_logits, vocab] for its last n_logits tokens."""
-        for model, tokens, n_logits in rows:
+        n_batch (else in consecutive passes; a row longer than n_batch goes in pieces; a tree row
+        never does); return each row's logits [n_logits, vocab] for its last n_logits tokens (every
+        token of a tree row)."""
+        rows = [Row(*row) for row in rows]
+        trees: dict[int, _Tree] = {}
+        for r, (model, tokens, n_logits, parents) in enumerate(rows):
             n = len(tokens)
             if model.context is not self:
                 raise ValueError(f"{model.name} is a sequence of another llama.cpp context")
             if n == 0 or not 1 <= n_logits <= n:
                 raise ValueError(f"forward needs >= 1 token and 1 <= n_logits <= {n}, got {n} tokens, "
                                  f"n_logits={n_logits}")
+            if parents is not None:
+                trees[r] = _Tree.of(model, parents, self.settings)
+                n = max(trees[r].depth) + 1
             if model.length + n > self.max_length:
                 raise ValueError(f"{model.name}: {model.length + n} tokens exceed the context of {self.max_length}")
-        if len({id(model) for model, _, _ in rows}) != len(rows):
+        if len({id(row.model) for row in rows}) != len(rows):
             raise ValueError("a pass holds each sequence at most once")
         # pieces: (row index, tokens, offset of the first token in the row); grouped into passes
-        pieces = [(r, list(tokens[s:s + self.settings.n_batch]), s) for r, (_, tokens, _) in enumerate(rows)
-                  for s in range(0, len(tokens), self.settings.n_batch)]
+        pieces = [(r, list(row.tokens[s:s + self.settings.n_batch]), s) for r, row in enumerate(rows)
+                  for s in range(0, len(row.tokens), self.settings.n_batch)]
+        for r, tree in trees.items():
+            tree.begin(self, rows[r].model)
         out: list[list[np.ndarray]] = [[] for _ in rows]
         group: list = []
         for piece in pieces + [None]:
@@ -213,12 +236,20 @@ class LlamaContext:
         b, i = self._batch, 0
         wanted: list[tuple[int, int]] = []  # (row, batch index) whose logits are returned
         for r, chunk, offset in group:
-            model, tokens, n_logits = rows[r]
+            model, tokens, n_logits, parents = rows[r]
+            tree = model._tree if parents is not None else None
             for j, tok in enumerate(chunk):
                 b.token[i] = int(tok)
-                b.pos[i] = model.length + j
-                b.n_seq_id[i] = 1
-                b.seq_id[i][0] = model.seq_id
+                if tree is None:
+                    b.pos[i] = model.length + j
+                    b.n_seq_id[i] = 1
+                    b.seq_id[i][0] = model.seq_id
+                else:  # the root is the sequence's own (and every branch's); a node, its branches'
+                    ids = tree.seq_ids(j)
+                    b.pos[i] = tree.base + tree.depth[j]
+                    b.n_seq_id[i] = len(ids)
+                    for s, seq in enumerate(ids):
+                        b.seq_id[i][s] = seq
                 b.logits[i] = offset + j >= len(tokens) - n_logits
                 if b.logits[i]:
                     wanted.append((r, i))
@@ -228,14 +259,59 @@ class LlamaContext:
         if rc != 0:
             # rc 1: no KV slot; other codes: invalid input or a fatal error. Drop whatever was written.
             for r, _, _ in group:
-                model = rows[r][0]
+                model = rows[r].model
+                model._drop_tree()
                 self.ll.llama_memory_seq_rm(self.memory, model.seq_id, model.length, -1)
             raise RuntimeError(f"{self.weights.name}: llama_decode failed with code {rc}")
         for r, chunk, _ in group:
-            rows[r][0]._length += len(chunk)
+            model = rows[r].model
+            model._length += 1 if rows[r].parents is not None else len(chunk)  # a tree: the root only, so far
         for r, i in wanted:
             ptr = self.ll.llama_get_logits_ith(self.ctx, i)
             out[r].append(np.ctypeslib.as_array(ptr, shape=(self.weights.n_vocab,)).copy())
+
+
+@dataclass
+class _Tree:
+    """A tree row's layout: each node's depth and the scratch sequence ids (branches) through it."""
+
+    parents: list[int]
+    depth: list[int]
+    branches_of: list[list[int]]  # per node: the branch ids of the leaves below it (itself included)
+    branch_ids: list[int]
+    own_id: int
+    base: int = 0  # the sequence's cache length before the tree (the root's position)
+
+    @staticmethod
+    def of(model: "LlamaCppModel", parents: Sequence[int], settings: LlamaSettings) -> "_Tree":
+        if not parents or parents[0] != -1 or any(p < 0 for p in parents[1:]):
+            raise ValueError("a tree row has one root, its first token (parents[0] = -1, every other parent >= 0)")
+        depth = tree_depths(parents)
+        if len(parents) > settings.n_batch:
+            raise ValueError(f"a tree of {len(parents)} tokens exceeds n_batch={settings.n_batch}")
+        leaves = [j for j in range(len(parents)) if j not in set(parents)]
+        if len(leaves) > len(model.scratch_ids):
+            raise ValueError(f"a tree with {len(leaves)} leaves needs LlamaSettings(tree_leaves >= {len(leaves)}), "
+                             f"this context has {len(model.scratch_ids)}")
+        branches_of: list[list[int]] = [[] for _ in parents]
+        for leaf, branch in zip(leaves, model.scratch_ids):
+            node = leaf
+            while node >= 0:
+                branches_of[node].append(branch)
+                node = parents[node]
+        return _Tree(list(parents), depth, branches_of, model.scratch_ids[:len(leaves)], model.seq_id)
+
+    def begin(self, context: "LlamaContext", model: "LlamaCppModel") -> None:
+        """Every branch sees the sequence's cache; the model waits for accept_path."""
+        model._drop_tree()
+        self.base = model.length
+        for branch in self.branch_ids:
+            context.ll.llama_memory_seq_cp(context.memory, model.seq_id, branch, -1, -1)
+        model._tree = self
+
+    def seq_ids(self, j: int) -> list[int]:
+        """Token j's sequence ids; the first decides what it attends to (its own branch's cells)."""
+        return [self.own_id] + self.branch_ids if j == 0 else self.branches_of[j]
 
 
 class LlamaCppModel:
@@ -262,6 +338,10 @@ class LlamaCppModel:
         # top two within this margin may flip (tests/backends/test_llamacpp.py)
         self.logit_tolerance = 0.25
         self._length = 0
+        self._tree: _Tree | None = None  # a tree pass awaiting accept_path
+        # scratch sequence ids for draft trees: after the context's n_seq_max sequences, tree_leaves each
+        first = self.settings.n_seq_max + seq_id * self.settings.tree_leaves
+        self.scratch_ids = list(range(first, first + self.settings.tree_leaves))
 
     @property
     def length(self) -> int:
@@ -277,11 +357,40 @@ class LlamaCppModel:
     def forward(self, tokens: Sequence[int], n_logits: int = 1) -> torch.Tensor:
         return self.context.forward_rows([(self, tokens, n_logits)])[0]
 
-    def forward_batch(self, rows: Sequence[tuple["LlamaCppModel", Sequence[int], int]]) -> list[torch.Tensor]:
+    def forward_batch(self, rows: Sequence[Row]) -> list[torch.Tensor]:
         """Several sequences of this context in one pass (see `backends.protocol.forward_batch`)."""
         return self.context.forward_rows(rows)
 
+    def forward_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """A draft tree after the cache, in one pass (module docstring); logits for every token.
+        The root (tokens[0]) joins the cache; the rest waits for `accept_path`."""
+        if not parents or parents[0] != -1 or any(p < 0 for p in parents[1:]):
+            raise ValueError("a tree row on llama.cpp has one root, its first token (parents[0] = -1)")
+        return self.context.forward_rows([Row(self, tokens, len(tokens), parents)])[0]
+
+    def accept_path(self, path: Sequence[int]) -> None:
+        """After `forward_tree`: keep the root and the tree tokens `path` (a root-to-node chain of
+        indices, root first) as this sequence's next cache positions; free the rest of the tree."""
+        tree = self._tree
+        if tree is None:
+            raise ValueError("accept_path() without a tree pass before it")
+        if not path or path[0] != 0 or any(tree.parents[b] != a for a, b in zip(path, path[1:])):
+            raise ValueError(f"{list(path)} is not a root-to-node path of the tree")
+        if len(path) > 1:  # the winning branch holds exactly one cell per position: the path's
+            branch = tree.branches_of[path[-1]][0]
+            self.ll.llama_memory_seq_cp(self.context.memory, branch, self.seq_id, tree.base + 1, tree.base + len(path))
+        self._drop_tree()
+        self._length = tree.base + len(path)
+
+    def _drop_tree(self) -> None:
+        """Forget a tree pass: its scratch sequence ids leave every cell (cells left with none are free)."""
+        if self._tree is not None:
+            for branch in self._tree.branch_ids:
+                self.ll.llama_memory_seq_rm(self.context.memory, branch, -1, -1)
+            self._tree = None
+
     def truncate(self, length: int) -> None:
+        self._drop_tree()
         if not 0 <= length <= self._length:
             raise ValueError(f"cannot truncate a cache of {self._length} tokens to {length}")
         if length < self._length:

@@ -8,11 +8,15 @@ Several sequences at once (batching): `sibling()` gives another sequence over th
 same weights with its own cache; `forward_batch` runs one round's rows of several
 sequences, in one pass where the backend can (llama.cpp: siblings share a context
 and a `llama_decode`), else one pass per row (transformers: see the README).
+
+Draft trees: `forward_tree` runs a tree after the cache (each token sees the cache and its own
+ancestors only, at position length + depth), and `accept_path` then keeps the accepted root-to-node
+path and drops the rest of the tree. A backend without them verifies chains only.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence, runtime_checkable
+from typing import NamedTuple, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -37,24 +41,48 @@ class Model(Protocol):
         """Another sequence over the same weights, with its own empty cache."""
 
 
-Row = tuple[Model, Sequence[int], int]  # (a sequence, the tokens to run after its cache, n_logits)
+class Row(NamedTuple):
+    """One sequence's part of a pass: `tokens` after its cache, logits for the last n_logits of them;
+    with `parents` a tree (`forward_tree`: parents[j] is an earlier index or -1, logits for all)."""
+
+    model: Model
+    tokens: Sequence[int]
+    n_logits: int
+    parents: Sequence[int] | None = None
+
+    def run_alone(self) -> torch.Tensor:
+        if self.parents is not None:
+            return self.model.forward_tree(self.tokens, self.parents)  # type: ignore[attr-defined]
+        return self.model.forward(self.tokens, n_logits=self.n_logits)
 
 
-def forward_batch(rows: Sequence[Row]) -> list[torch.Tensor]:
-    """`forward` for several sequences: each row's logits [n_logits, vocab], in order.
+def tree_depths(parents: Sequence[int]) -> list[int]:
+    """Depth of each token of a tree row (a token whose parent is -1 has depth 0: position length)."""
+    depth: list[int] = []
+    for j, parent in enumerate(parents):
+        if not -1 <= parent < j:
+            raise ValueError(f"tree token {j} has parent {parent}: parents must be earlier tokens or -1")
+        depth.append(0 if parent < 0 else depth[parent] + 1)
+    return depth
+
+
+def forward_batch(rows: Sequence[Row | tuple]) -> list[torch.Tensor]:
+    """`forward` (or `forward_tree`) for several sequences: each row's logits, in order.
 
     Rows whose models share a batched pass (a `forward_batch` method, as llama.cpp siblings
     have) run together, one pass per such group; any other row runs alone."""
+    rows = [Row(*row) for row in rows]
     out: list[torch.Tensor | None] = [None] * len(rows)
     groups: dict[int, list[int]] = {}
-    for i, (model, _, _) in enumerate(rows):
+    for i, row in enumerate(rows):
+        model = row.model
         key = id(getattr(model, "context", model)) if hasattr(model, "forward_batch") else -1 - i
         groups.setdefault(key, []).append(i)
     for members in groups.values():
-        model = rows[members[0]][0]
+        model = rows[members[0]].model
         if hasattr(model, "forward_batch"):
             for i, logits in zip(members, model.forward_batch([rows[i] for i in members])):
                 out[i] = logits
         else:
-            out[members[0]] = model.forward(rows[members[0]][1], n_logits=rows[members[0]][2])
+            out[members[0]] = rows[members[0]].run_alone()
     return out  # type: ignore[return-value]

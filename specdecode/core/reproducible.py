@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from specdecode.core.probs import sample, sample_with_noise
+from specdecode.core.tree import DraftTree
 
 _MASK = (1 << 64) - 1
 
@@ -65,6 +66,21 @@ def verify_equal(draft_tokens: list[int], p: torch.Tensor, noise: CounterNoise, 
             return i, list(draft_tokens[:i]) + [y]
     k = len(draft_tokens)
     return k, list(draft_tokens) + [sample_token(p[k], noise, first + k, greedy)]
+
+
+def verify_tree_equal(tree: "DraftTree", p: torch.Tensor, noise: CounterNoise, first: int,
+                      greedy: bool = False) -> tuple[list[int], list[int]]:
+    """Reproducible verification of a draft tree (core/tree.py; p [N+1, V], root first): from the
+    root, the target's own choice at each depth is accepted iff some child drafted it. Returns the
+    accepted path (node indices) and the emitted tokens: the path's, then the choice below it."""
+    node, path = -1, []
+    while True:
+        y = sample_token(p[node + 1], noise, first + len(path), greedy)
+        match = [c for c in tree.children(node) if tree.tokens[c] == y]
+        if not match:
+            return path, [tree.tokens[j] for j in path] + [y]
+        node = match[0]
+        path.append(node)
 
 
 def sample_token(p: torch.Tensor, source: "torch.Generator | CounterNoise", position: int, greedy: bool) -> int:

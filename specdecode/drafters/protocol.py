@@ -22,6 +22,9 @@ class Proposal:
     # mean time of one draft step, excluding catching up on context the drafter had not seen
     # (a K policy needs the marginal cost of a drafted token); None = not measured
     step_seconds: float | None = None
+    # a draft tree (core/tree.py): each token's parent (an earlier index, -1 = the root); None = a
+    # chain. q's row j is then node j's law given its earlier siblings.
+    parents: list[int] | None = None
 
 
 class Drafter(Protocol):

@@ -15,6 +15,10 @@ with no drafts is a plain decode step), then each row is verified with randomnes
 from the sequence's own generator and truncated on its own. Single-request
 generation is `step` over a batch of one, and plain autoregressive decoding (the
 baseline and the tests' oracle) is a sequence with no drafters: one loop.
+
+A drafter may propose a tree (`Proposal.parents`): its row is [pending, nodes...] run with
+tree attention (`forward_tree`), verified by the multi-candidate rule (core/tree.py), and the
+target keeps the accepted path (`accept_path`) instead of truncating.
 """
 
 from __future__ import annotations
@@ -25,10 +29,11 @@ from typing import Iterator, Sequence as Seq
 
 import torch
 
-from specdecode.backends.protocol import Model, forward_batch
+from specdecode.backends.protocol import Model, Row, forward_batch
 from specdecode.core import VERIFY_RULES
 from specdecode.core.probs import SamplingParams, logits_to_probs
-from specdecode.core.reproducible import CounterNoise, sample_token, verify_equal
+from specdecode.core.reproducible import CounterNoise, sample_token, verify_equal, verify_tree_equal
+from specdecode.core.tree import DraftTree, verify_tree
 from specdecode.core.verify import Randomness, verify
 from specdecode.drafters.protocol import Drafter, Proposal
 from specdecode.engine.config import GenerationConfig
@@ -136,7 +141,8 @@ def _emit(seq: Sequence, out: "RoundOutcome") -> Round:
     accepted = min(out.accepted, len(emitted))
     seq.stats.add_round(RoundRecord(drafter=out.drafter, drafted=out.drafted, accepted=accepted,
                                     emitted=len(emitted), t_draft=out.t_draft, t_verify=out.t_verify,
-                                    verified=out.verified, tested=accepted if accepted < out.accepted else None))
+                                    verified=out.verified, tested=accepted if accepted < out.accepted else None,
+                                    tree_nodes=out.tree_nodes, off_chain=out.off_chain))
     seq.tokens += emitted
     target = seq.slot.target
     if emitted[-1] in seq.eos_ids:
@@ -203,6 +209,8 @@ class RoundOutcome:
     t_verify: float  # the whole pass (shared by the batch's rows)
     t_step: float  # marginal time of one draft token, as the drafter measured it (else t_draft / drafted)
     pass_tokens: int  # tokens in the whole pass (all rows): what t_verify paid for
+    tree_nodes: int = 0  # a tree round: the tree's drafted nodes (drafted counts its chain only)
+    off_chain: bool = False  # a tree round whose accepted path took an alternative branch
 
 
 def speculative_round(target: Model, drafters: Seq[Drafter], policy: KPolicy, context: list[int],
@@ -227,11 +235,15 @@ def speculative_rounds(jobs: Seq[RoundJob]) -> list[RoundOutcome]:
                                    job.generator, load)
         t_draft = time.perf_counter() - t0
         drafts = proposal.tokens if proposal else []
-        # padding to a cheaper pass size only pays when the row has the pass to itself
-        size = 1 if not drafts else len(drafts) + 1 if len(jobs) > 1 else \
-            min(job.policy.verify_size(len(drafts) + 1), room + 1)
-        padding = [drafts[-1]] * (size - len(drafts) - 1) if drafts else []  # ignored positions
-        rows.append((job.target, [job.context[-1]] + drafts + padding, size))
+        if proposal is not None and proposal.parents is not None:  # a tree: the root, then its nodes
+            size = len(drafts) + 1
+            rows.append(Row(job.target, [job.context[-1]] + drafts, size, [-1] + [p + 1 for p in proposal.parents]))
+        else:
+            # padding to a cheaper pass size only pays when the row has the pass to itself
+            size = 1 if not drafts else len(drafts) + 1 if len(jobs) > 1 else \
+                min(job.policy.verify_size(len(drafts) + 1), room + 1)
+            padding = [drafts[-1]] * (size - len(drafts) - 1) if drafts else []  # ignored positions
+            rows.append(Row(job.target, [job.context[-1]] + drafts + padding, size))
         drafts_of.append((drafter, proposal))
         timing.append(t_draft)
         tokens += size
@@ -240,7 +252,7 @@ def speculative_rounds(jobs: Seq[RoundJob]) -> list[RoundOutcome]:
     logits_of = forward_batch(rows)
     t_pass = time.perf_counter() - t1
     return [_verify_row(job, drafter, proposal, logits, t_draft, t_pass, size, tokens)
-            for job, (drafter, proposal), logits, t_draft, (_, _, size)
+            for job, (drafter, proposal), logits, t_draft, (_, _, size, _)
             in zip(jobs, drafts_of, logits_of, timing, rows)]
 
 
@@ -249,6 +261,8 @@ def _verify_row(job: RoundJob, drafter: Drafter | None, proposal: Proposal | Non
     drafts = proposal.tokens if proposal else []
     p = logits_to_probs(logits[: len(drafts) + 1], job.params)
     position = len(job.context)  # of the round's first new token, in the whole sequence
+    if proposal is not None and proposal.parents is not None:
+        return _verify_tree_row(job, drafter, proposal, p, t_draft, t_pass, size, pass_tokens)
     if drafts and isinstance(job.generator, CounterNoise):
         n, emitted = verify_equal(drafts, p, job.generator, position, job.params.greedy)  # reproducible
         sources = [DRAFT] * n + [BONUS if n == len(drafts) else CORRECTION]
@@ -277,6 +291,31 @@ def _verify_row(job: RoundJob, drafter: Drafter | None, proposal: Proposal | Non
                         t_draft, t_pass, t_step, pass_tokens)
 
 
+def _verify_tree_row(job: RoundJob, drafter: Drafter, proposal: Proposal, p: torch.Tensor, t_draft: float,
+                     t_pass: float, size: int, pass_tokens: int) -> RoundOutcome:
+    """A tree row: the multi-candidate walk (or reproducible equality), then the target keeps the
+    root and the accepted path. The policy hears of the chain (nodes 0..K-1 by construction of
+    the drafters' trees): its K and how far the accepted path followed it."""
+    tree = DraftTree(proposal.tokens, proposal.parents, proposal.q)
+    if isinstance(job.generator, CounterNoise):
+        path, emitted = verify_tree_equal(tree, p, job.generator, len(job.context), job.params.greedy)
+    else:
+        rand = Randomness.draw(1, len(tree), p.shape[-1], job.generator, device=p.device)
+        tree = DraftTree(tree.tokens, tree.parents, None if tree.q is None else tree.q.to(p.device))
+        result = verify_tree(tree, p, rand.u[0], rand.noise[0])
+        path, emitted = result.path, result.tokens
+    job.target.accept_path([0] + [j + 1 for j in path])
+    chain = tree.children(-1)[:1]
+    while chain and tree.children(chain[-1]):
+        chain.append(tree.children(chain[-1])[0])
+    n = len(path)
+    drafter.observe(len(chain), n)
+    sources = [DRAFT] * n + [BONUS if not tree.children(path[-1] if path else -1) else CORRECTION]
+    t_step = proposal.step_seconds if proposal.step_seconds is not None else t_draft / len(chain)
+    return RoundOutcome(emitted, sources, drafter.name, len(chain), n, size, t_draft, t_pass, t_step, pass_tokens,
+                        tree_nodes=len(tree), off_chain=bool(set(path) - set(chain)))
+
+
 def _draft(drafters: Seq[Drafter], policy: KPolicy, context: list[int], k_cap: int, params: SamplingParams,
            generator: torch.Generator, load: BatchLoad = ALONE) -> tuple[Drafter | None, Proposal | None]:
     """Ask the drafters in order; the first non-empty proposal (cut to K) wins."""
@@ -286,6 +325,8 @@ def _draft(drafters: Seq[Drafter], policy: KPolicy, context: list[int], k_cap: i
         if k < 1:
             continue
         proposal = drafter.propose(context, k, params, generator)
+        if proposal.tokens and proposal.parents is not None:  # a tree (its chain already within k)
+            return drafter, proposal
         if proposal.tokens:
             q = None if proposal.q is None else proposal.q[:k]
             return drafter, Proposal(proposal.tokens[:k], q, proposal.step_seconds)

@@ -19,6 +19,8 @@ class RoundRecord:
     # draft positions that count as tested (None: min(accepted + 1, drafted), the positions up to
     # the first rejection); fewer when an EOS inside the accepted run ends the output early
     tested: int | None = None
+    tree_nodes: int = 0  # a draft tree's nodes (0: a chain); drafted is then its chain's length
+    off_chain: bool = False  # the tree's accepted path took an alternative, not the chain
 
 
 def _tested(record: RoundRecord) -> int:
@@ -138,6 +140,21 @@ class GenerationStats:
         return speedup(min(self.alpha, 1.0), self.c, k)
 
     @property
+    def tree_rounds(self) -> list[RoundRecord]:
+        return [r for r in self.rounds if r.tree_nodes]
+
+    @property
+    def mean_tree_nodes(self) -> float:
+        """Drafted nodes per tree round (the pass verifies this many plus the pending token)."""
+        trees = self.tree_rounds
+        return sum(r.tree_nodes for r in trees) / len(trees) if trees else 0.0
+
+    @property
+    def off_chain_rounds(self) -> int:
+        """Tree rounds won by an alternative branch: tokens a chain alone would have lost."""
+        return sum(r.off_chain for r in self.rounds)
+
+    @property
     def k_per_round(self) -> list[int]:
         return [r.drafted for r in self.rounds]
 
@@ -155,4 +172,6 @@ class GenerationStats:
             "tokens_per_second": self.tokens_per_second, "t_prefill": self.t_prefill, "t_draft": self.t_draft,
             "t_verify": self.t_verify, "c": self.c, "predicted_speedup": self.predicted_speedup,
             "k_per_round": self.k_per_round, "drafter_per_round": self.drafter_per_round,
+            "tree_rounds": len(self.tree_rounds), "mean_tree_nodes": self.mean_tree_nodes,
+            "off_chain_rounds": self.off_chain_rounds,
         }
