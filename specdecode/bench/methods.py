@@ -55,9 +55,11 @@ class Method:
 
 
 def our_methods(target: HFModel, tokenizer, cheap_draft: HFModel | None, plain_draft: HFModel | None,
-                k_sweep: list[int], eos_ids: frozenset[int], verifications: tuple[str, ...] = ("token",)) -> list[Method]:
+                k_sweep: list[int], eos_ids: frozenset[int], verifications: tuple[str, ...] = ("token",),
+                trees: tuple[int, ...] = ()) -> list[Method]:
     """Plain decoding, then our speculative methods with the first verification rule; each further
-    rule adds the adaptive methods again, named "<method> (<rule>)"."""
+    rule adds the adaptive methods again, named "<method> (<rule>)"; each tree size adds the draft
+    model's methods with that tree, named "<method>, tree <n>"."""
     def make(name: str, drafters, k: int | None, verification: str = verifications[0]) -> Method:
         decoder = SpeculativeDecoder(target, tokenizer, drafters, eos_ids=eos_ids, policy=AdaptiveK())
 
@@ -83,6 +85,12 @@ def our_methods(target: HFModel, tokenizer, cheap_draft: HFModel | None, plain_d
     if plain_draft is not None:
         methods.append(make("model adaptive, plain draft", [ModelDrafter(plain_draft)], None))
     methods.append(make("lookup adaptive", [LookupDrafter()], None))
+    for n in trees:  # draft trees: the chain of K plus up to n alternatives (all kept at a fixed K)
+        if cheap_draft is not None:
+            tree_model = ModelDrafter(cheap_draft, tree=n)
+            methods += [make(f"model K={k}, tree {n}", [tree_model], k) for k in k_sweep]
+            methods.append(make(f"model adaptive, tree {n}", [tree_model], None))
+            methods.append(make(f"auto adaptive, tree {n}", [LookupDrafter(), tree_model], None))
     for rule in verifications[1:]:
         if cheap_draft is not None:
             methods.append(make(f"model adaptive ({rule})", [ModelDrafter(cheap_draft)], None, rule))
@@ -123,7 +131,8 @@ def hf_methods(target: HFModel, plain_draft: HFModel | None, eos_ids: frozenset[
 
 def build_ours(target: str | None, draft: str | None, backend: str, dtype: str, device: str, threads: int,
                n_ctx: int, k_sweep: list[int], with_hf: bool, curve_ids: list[int],
-               curve_max: int, verifications: tuple[str, ...] = ("token",)) -> tuple[list[Method], dict]:
+               curve_max: int, verifications: tuple[str, ...] = ("token",),
+               trees: tuple[int, ...] = ()) -> tuple[list[Method], dict]:
     """Our methods on `backend` (and, on the transformers backend, HF generate on the same weights);
     info: the target's measured cost curve after `curve_ids`, names, the EOS ids and dtype."""
     import copy
@@ -136,7 +145,7 @@ def build_ours(target: str | None, draft: str | None, backend: str, dtype: str, 
 
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
-    settings = LlamaSettings(n_threads=threads, n_ctx=n_ctx)
+    settings = LlamaSettings(n_threads=threads, n_ctx=n_ctx, tree_leaves=max(trees, default=-1) + 1)
     target_model, tokenizer = load_model(target, "target", torch_dtype, device, progress=False, backend=backend,
                                          llama_settings=settings)
     draft_model, draft_tok = load_model(draft, "draft", torch_dtype, device, progress=False, backend=backend,
@@ -148,10 +157,11 @@ def build_ours(target: str | None, draft: str | None, backend: str, dtype: str, 
             "exact": backend == "transformers" and torch_dtype in (torch.float32, torch.float64),
             "cost_curve": measure_cost_curve(target_model, curve_ids, curve_max)}
     if backend != "transformers":  # the draft runs its GGUF as it is: no cheaper variant to compare
-        return our_methods(target_model, tokenizer, draft_model, None, k_sweep, eos_ids, verifications), info
+        return our_methods(target_model, tokenizer, draft_model, None, k_sweep, eos_ids, verifications,
+                           trees), info
     cheap = HFModel(copy.deepcopy(draft_model.model), f"{draft_model.name} (cheap: CPU defaults)")
     make_cheaper(cheap, tokenizer, device, None, None)
-    methods = our_methods(target_model, tokenizer, cheap, draft_model, k_sweep, eos_ids, verifications)
+    methods = our_methods(target_model, tokenizer, cheap, draft_model, k_sweep, eos_ids, verifications, trees)
     if with_hf:
         methods += hf_methods(target_model, draft_model, eos_ids, tokenizer.pad_token_id)
     return methods, info

@@ -92,6 +92,10 @@ def _metrics(cells: list[Cell], base: list[Cell], curve: list[float]) -> dict:
                          for a, t in zip(pooled.accepted_per_position, pooled.reached_per_position)],
         "mean_acceptance_length": pooled.mean_acceptance_length,
         "mean_k": statistics.mean(pooled.k_per_round),  # plain (K = 0) rounds included
+        # tokens each verification pass ran for this request (pending + drafts or tree nodes + padding):
+        # what tokens/round is bought with (trees are compared with chains at the same pass size)
+        "pass_tokens": statistics.mean(max(1, r.verified) for r in pooled.rounds),
+        "off_chain_rounds": pooled.off_chain_rounds / len(pooled.rounds),
         "c": pooled.c,
         "predicted": _geomean(predicted) if predicted else None,
     })
@@ -128,20 +132,22 @@ def markdown(summary: dict, meta: dict) -> str:
              "Decode = the same after the first tokens (prefill and first pass excluded), which outputs of "
              "different lengths do not bias. "
              "Predicted = the documents' formula with this run's measured alpha, draft step time and target "
-             "cost curve; efficiency = measured / predicted.", "",
+             "cost curve; efficiency = measured / predicted. Tokens/pass run = the tokens each verification "
+             "pass ran (pending + drafts or tree nodes): a tree is compared with the chain of the same pass size.", "",
              "Target cost curve (ms per pass over n tokens): "
              + ", ".join(f"{n}: {1000 * t:.0f}" for n, t in enumerate(meta["cost_curve"], start=1)), ""]
     for set_name, modes in summary.items():
         for mode, rows in modes.items():
             lines += [f"## {set_name}, {mode}", "",
                       "| method | tok/s | speedup | vs fastest plain | decode tok/s | decode vs fastest plain "
-                      "| vs HF assisted | alpha | tokens/round | mean K | c | predicted | efficiency |",
-                      "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                      "| vs HF assisted | alpha | tokens/round | tokens/pass run | mean K | c | predicted | efficiency |",
+                      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
             for name, m in rows.items():
                 lines.append(f"| {name} | {m['tokens_per_s']:.2f} | {m['speedup']:.2f}x | "
                              f"{m['vs_fastest_plain']:.2f}x | {_f(m.get('decode_tokens_per_s'))} | "
                              f"{_f(m.get('decode_vs_fastest_plain'), '{:.2f}x')} | {_f(m.get('vs_hf_assisted'))} | {_f(m.get('alpha'), '{:.3f}')} | "
-                             f"{_f(m.get('mean_acceptance_length'))} | {_f(m.get('mean_k'))} | {_f(m.get('c'))} | "
+                             f"{_f(m.get('mean_acceptance_length'))} | {_f(m.get('pass_tokens'))} | "
+                             f"{_f(m.get('mean_k'))} | {_f(m.get('c'))} | "
                              f"{_f(m.get('predicted'))} | {_f(m.get('efficiency'))} |")
             lines.append("")
     if meta.get("errors"):

@@ -96,7 +96,8 @@ def run_bench(args: argparse.Namespace) -> int:
     workers = [MethodWorker(build_ours, target=args.target, draft=args.draft, backend=backend, dtype=args.dtype,
                             device=device, threads=args.threads, n_ctx=n_ctx if backend == "llama.cpp" else 0,
                             k_sweep=k_sweep, with_hf=with_hf, curve_ids=curve_ids,
-                            curve_max=max(16, max(k_sweep) + 2), verifications=tuple(dict.fromkeys(args.verify)))]
+                            curve_max=max(16, max(k_sweep) + 2), verifications=tuple(dict.fromkeys(args.verify)),
+                            trees=(args.tree,) if args.tree else ())]
     if with_llama:
         workers.append(MethodWorker(build_llamacpp_native, target=args.target, threads=args.threads, n_ctx=n_ctx,
                                     eos_ids=eos_ids))

@@ -66,6 +66,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="restrict the draft's output head to the N most frequent tokens (0 = full)")
     p.add_argument("--draft-confidence", type=float, default=0.0,
                    help="end a draft early when the draft's top probability is below this (default 0 = off)")
+    p.add_argument("--tree", type=non_negative_int, default=0,
+                   help="draft trees: up to N extra candidates per round where the draft is unsure, verified "
+                        "exactly in the same pass (adaptive K keeps those that pay); default 0 = chains")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -118,6 +121,7 @@ def load_decoder(args: argparse.Namespace, speculative: bool = True):
                                    dtype=args.dtype,
                                    device=args.device, draft_int8=args.draft_int8, draft_vocab=args.draft_vocab,
                                    draft_confidence=args.draft_confidence, speculative=speculative,
+                                   tree=args.tree,
                                    max_batch=getattr(args, "max_batch", 1),
                                    progress=not getattr(args, "json", False))
 

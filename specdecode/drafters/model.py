@@ -104,14 +104,15 @@ class ModelDrafter:
         nodes 0..K-1 are the chain, alternatives follow, each the sibling of chain node i at depth i."""
         slots, reach = [], 1.0
         for i, (x, rank) in enumerate(zip(chain, ranks)):  # gains from the chain alone
-            top = torch.topk(rank, min(self.tree + 1, rank.numel())).values.tolist()
-            others = [v for v, t in zip(top, torch.topk(rank, len(top)).indices.tolist()) if t != x][:self.tree]
+            top = torch.topk(rank, min(self.tree + 1, rank.numel()))
+            others = [v for v, t in zip(top.values.tolist(), top.indices.tolist()) if t != x][:self.tree]
             slots += [(reach * v, i) for v in others if reach * v >= self.min_gain]
-            reach *= top[0]
-        count = [0] * len(chain)
-        for _, i in sorted(slots, reverse=True)[:self.tree]:
+            reach *= float(top.values[0])
+        count, gains = [0] * len(chain), [[] for _ in chain]
+        for gain, i in sorted(slots, reverse=True)[:self.tree]:
             count[i] += 1
-        tokens, parents, q_rows = list(chain), list(range(-1, len(chain) - 1)), list(rows)
+            gains[i].append(gain)
+        tokens, parents, q_rows, kept_gains = list(chain), list(range(-1, len(chain) - 1)), list(rows), []
         for i, m in enumerate(count):
             drawn = rows[i] if not params.greedy else ranks[i]
             drawn = remove(drawn, chain[i])
@@ -126,10 +127,11 @@ class ModelDrafter:
                 tokens.append(x)
                 parents.append(i - 1)
                 q_rows.append(q_x)
+                kept_gains.append(gains[i][len(kept_gains) - sum(count[:i])])
                 drawn = remove(drawn, x)
         if len(tokens) == len(chain):
             return Proposal(chain, torch.stack(rows), step_seconds=step)
-        return Proposal(tokens, torch.stack(q_rows), step_seconds=step, parents=parents)
+        return Proposal(tokens, torch.stack(q_rows), step_seconds=step, parents=parents, gains=kept_gains)
 
     def lag(self, context: Sequence[int]) -> int:
         """Tokens of `context` this drafter would feed as a separate catch-up pass before drafting

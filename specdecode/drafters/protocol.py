@@ -25,6 +25,23 @@ class Proposal:
     # a draft tree (core/tree.py): each token's parent (an earlier index, -1 = the root); None = a
     # chain. q's row j is then node j's law given its earlier siblings.
     parents: list[int] | None = None
+    # a tree's alternatives (the nodes after its chain, in order): each one's expected extra tokens
+    # as the drafter estimates them, non-increasing among the alternatives of one depth
+    gains: list[float] | None = None
+
+    def keep_alternatives(self, m: int) -> "Proposal":
+        """This tree with only its m best alternatives (by gain; ties: the earlier). Within a depth
+        the kept ones are the first drawn, so the count is decided by gains known before any was
+        drawn and what is kept is still what the rule assumes (core/tree.py)."""
+        if self.parents is None or not self.gains or m >= len(self.gains):
+            return self
+        first = len(self.tokens) - len(self.gains)
+        best = sorted(range(len(self.gains)), key=lambda i: (-self.gains[i], i))[:m]
+        keep = list(range(first)) + sorted(first + i for i in best)
+        if len(keep) == first:  # the chain alone
+            return Proposal(self.tokens[:first], None if self.q is None else self.q[:first], self.step_seconds)
+        return Proposal([self.tokens[j] for j in keep], None if self.q is None else self.q[keep], self.step_seconds,
+                        [self.parents[j] for j in keep], [self.gains[i] for i in sorted(best)])
 
 
 class Drafter(Protocol):

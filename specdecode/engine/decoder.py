@@ -91,7 +91,7 @@ class SpeculativeDecoder:
              backend: str = "auto", dtype: str = "auto", device: str = "auto", draft_int8: bool | None = None,
              draft_vocab: int | None = None, draft_confidence: float = 0.0, speculative: bool = True,
              threads: int = 0, n_ctx: int = 0, recalibrate: bool = False, max_batch: int = 1,
-             progress: bool = True) -> "SpeculativeDecoder":
+             tree: int = 0, progress: bool = True) -> "SpeculativeDecoder":
         """Load target and draft: None = the embedded pair; else a model directory or a .gguf file.
 
         backend: "llama.cpp" (GGUF files, CPU), "transformers", or "auto" (llama.cpp for GGUF on
@@ -105,6 +105,9 @@ class SpeculativeDecoder:
         backends/cheap.py). None = the measured default for the device.
         draft_confidence: stop a draft early when the draft's top probability falls below it
         (0 = off; speed only, the output law is unchanged).
+        tree: up to this many extra draft-tree nodes per round (alternative candidates where the draft
+        is unsure, verified exactly by the multi-candidate rule, core/tree.py); adaptive K keeps
+        only those its cost model says pay. 0 = chains. Needs the draft model (drafter auto/model).
         threads / n_ctx: llama.cpp only (0 = the machine's cores / the model's context; with
         max_batch > 1 the context of each sequence, by default 32768 tokens shared out).
         max_batch: sequences decoded at once by `generate_many`/`stream_many` and the server
@@ -133,7 +136,12 @@ class SpeculativeDecoder:
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 0:
             raise ValueError(f"max_batch must be an integer >= 1 (0 = auto), got {max_batch!r}")
         max_batch = max_batch or (DEFAULT_MAX_BATCH if backend == "llama.cpp" else 1)
-        settings = LlamaSettings(n_ctx=n_ctx, n_threads=threads, n_seq_max=max_batch)
+        if isinstance(tree, bool) or not isinstance(tree, int) or not 0 <= tree <= MAX_TREE:
+            raise ValueError(f"tree must be an integer in 0..{MAX_TREE} (extra draft-tree nodes per round), got {tree!r}")
+        if tree and drafter not in ("auto", "model"):
+            raise ValueError(f"--tree needs the draft model: use --drafter model or auto, not {drafter}")
+        settings = LlamaSettings(n_ctx=n_ctx, n_threads=threads, n_seq_max=max_batch,
+                                 tree_leaves=tree + 1 if tree else 0)
         target_model, tokenizer = load_model(target, "target", torch_dtype, device, progress=progress,
                                              backend=backend, llama_settings=settings)
         drafters: list[Drafter] = []
@@ -148,7 +156,7 @@ class SpeculativeDecoder:
             check_compatible(target_model, tokenizer, draft_model, draft_tokenizer)
             if draft_backend == "transformers":
                 make_cheaper(draft_model, tokenizer, device, draft_int8, draft_vocab)
-            drafters.append(ModelDrafter(draft_model, min_confidence=draft_confidence))
+            drafters.append(ModelDrafter(draft_model, min_confidence=draft_confidence, tree=tree))
         store = CalibrationStore(cache_dir() / "calibration")
         return cls(target_model, tokenizer, drafters, calibration=store, recalibrate=recalibrate,
                    max_batch=max_batch)
@@ -303,6 +311,7 @@ def make_cheaper(draft: Model, tokenizer: PreTrainedTokenizerBase, device: str, 
 # Measured on the 2-core CPU with the embedded pair on llama.cpp (README, batching): 4 one-token
 # rows cost ~2.5 steps (1.6x the throughput of one at a time), 8 cost ~5.8 steps.
 DEFAULT_MAX_BATCH = 4
+MAX_TREE = 16  # extra tree nodes a round may verify (each is a token of the pass)
 
 # Measured on the 2-core CPU with the embedded pair (README, "Cheaper drafts").
 DEFAULT_DRAFT_VOCAB = 32768  # c 2.69 -> 6.52 with int8, alpha 0.860 unchanged (bf16)

@@ -233,6 +233,11 @@ def speculative_rounds(jobs: Seq[RoundJob]) -> list[RoundOutcome]:
         t0 = time.perf_counter()
         drafter, proposal = _draft(job.drafters, job.policy, job.context, min(job.k_cap, room), job.params,
                                    job.generator, load)
+        if proposal is not None and proposal.gains:  # a tree: the cost model decides how many alternatives pay
+            gains = sorted(proposal.gains, reverse=True)
+            k = len(proposal.tokens) - len(gains)
+            proposal = proposal.keep_alternatives(
+                min(job.policy.tree_alternatives(drafter.name, k, gains, load), room - k))
         t_draft = time.perf_counter() - t0
         drafts = proposal.tokens if proposal else []
         if proposal is not None and proposal.parents is not None:  # a tree: the root, then its nodes

@@ -63,6 +63,10 @@ class KPolicy(Protocol):
     def verify_size(self, n: int) -> int:
         """How many tokens to run in a verification pass that needs n (>= n; extras are padding)."""
 
+    def tree_alternatives(self, drafter: str, k: int, gains: list[float], load: BatchLoad = ALONE) -> int:
+        """How many of a draft tree's alternatives to verify beside its chain of k (gains: each
+        one's expected extra tokens, best first): each adds a token to the pass."""
+
     def observe(self, drafter: str, drafted: int, accepted: int, t_draft: float, n_verified: int,
                 t_verify: float) -> None:
         """Learn from one round."""
@@ -94,6 +98,9 @@ class FixedK:
 
     def verify_size(self, n: int) -> int:
         return n
+
+    def tree_alternatives(self, drafter: str, k: int, gains: list[float], load: BatchLoad = ALONE) -> int:
+        return len(gains)  # the user pinned the shape (--k, the drafter's tree size)
 
     def observe(self, drafter: str, drafted: int, accepted: int, t_draft: float, n_verified: int,
                 t_verify: float) -> None:
@@ -215,6 +222,16 @@ class AdaptiveK:
 
     def expected_tokens(self, drafter: str, k: int) -> float:
         return expected_tokens(self.alpha(drafter), k)
+
+    def tree_alternatives(self, drafter: str, k: int, gains: list[float], load: BatchLoad = ALONE) -> int:
+        """The number m of alternatives (best first) that maximises the pass's expected tokens per
+        second, as K is chosen: (E_others + E[N](alpha, k) + gains[:m]) / (T(tokens + k + 1 + m) + draft)."""
+        t_draft = k * self.t_step.get(drafter, self._t(1) / self.prior_c)
+        expected = load.expected + expected_tokens(self.alpha(drafter), k)
+
+        def rate(m: int) -> float:
+            return (expected + sum(gains[:m])) / (self._t(load.tokens + k + 1 + m) + t_draft)
+        return max(range(len(gains) + 1), key=lambda m: (rate(m), -m))
 
     def verify_size(self, n: int) -> int:
         best = n

@@ -184,3 +184,44 @@ def test_batched_greedy_equals_solo_up_to_ties(batch_decoder):
             assert solo == b.tokens
         else:
             assert _margin(batch_decoder, prompt + solo[:at]) < 0.25, f"diverged at token {at} without a tie"
+
+
+def test_tree_pass_matches_its_chains_and_keeps_the_accepted_path(weights, tokenizer):
+    """A draft tree in one llama_decode (scratch sequence id per leaf), beside another sequence's
+    row: each node's logits are its chain's (up to batched-kernel rounding); accept_path leaves the
+    cache of prefix + path, the rest of the tree is gone, and the neighbour is untouched."""
+    first = LlamaCppModel(weights, LlamaSettings(n_ctx=512, n_seq_max=2, tree_leaves=4))
+    neighbour = first.sibling()
+    ids = tokenizer.encode(CODE)
+    other = tokenizer.encode("import os\nimport sys\n")
+    first.forward(ids[:-1], 1)
+    neighbour.forward(other[:-1], 1)
+    tokens, parents = [ids[-1], 100, 200, 300, 400, 500, 600], [-1, 0, 0, 0, 1, 1, 4]
+    tree_logits, neighbour_logits = first.forward_batch([(first, tokens, len(tokens), parents),
+                                                         (neighbour, other[-1:], 1)])
+    reference = LlamaCppModel(weights, LlamaSettings(n_ctx=512, tree_leaves=0))
+
+    def chain(path):
+        reference.truncate(0)
+        reference.forward(ids[:-1], 1)
+        return reference.forward(path, len(path))[-1]
+
+    for j, path in enumerate([[0], [0, 1], [0, 2], [0, 3], [0, 1, 4], [0, 1, 5], [0, 1, 4, 6]]):
+        assert (tree_logits[j] - chain([tokens[i] for i in path])).abs().max().item() < 1.0, j
+    with pytest.raises(ValueError, match="not a root-to-node path"):
+        first.accept_path([0, 2, 4])
+    first.accept_path([0, 1, 4, 6])
+    assert first.length == len(ids) + 3
+    after = first.forward([7], 1)[0]
+    assert (after - chain([ids[-1], 100, 400, 600, 7])).abs().max().item() < 1.0
+    reference.truncate(0)
+    reference.forward(other[:-1], 1)
+    assert (neighbour_logits[0] - reference.forward(other[-1:], 1)[0]).abs().max().item() < 1.0
+    first.truncate(len(ids) - 1)  # a tree whose every candidate fails keeps the root only
+    first.forward_tree(tokens, parents)
+    first.accept_path([0])
+    assert first.length == len(ids)
+    assert (first.forward([9], 1)[0] - chain([ids[-1], 9])).abs().max().item() < 1.0
+    too_wide = [ids[-1]] + list(range(10, 15)), [-1, 0, 0, 0, 0, 0]
+    with pytest.raises(ValueError, match="tree_leaves >= 5"):
+        first.forward_tree(*too_wide)
