@@ -4,7 +4,8 @@
 
 Self-contained (tiny random models from tests/tiny.py, nothing downloaded). Checks, on the device:
 1. greedy identity: speculative output == plain greedy output, token for token (float64 and
-   float32 tiny pairs, K = 1..4, several prompts);
+   float32 tiny pairs, K = 1..4, several prompts), with chains and with draft trees (the tree
+   pass's 4D mask and the cache compaction on the device);
 2. device independence: a sampled speculative generation (float64) on the device emits the
    same tokens as on the CPU for the same seed (randomness is drawn on the CPU generator);
 3. exactness: the first two tokens of N sampled speculative generations (K = 2, budget 3) vs
@@ -49,7 +50,7 @@ def tokens_of(target, drafters, prompt, config, stats=None) -> list[int]:
     return [t for r in generate_tokens(target, drafters, prompt, config, frozenset(), stats) for t in r.tokens]
 
 
-def check_greedy_identity(device: str, dtype: torch.dtype) -> None:
+def check_greedy_identity(device: str, dtype: torch.dtype, tree: int = 0) -> None:
     target, draft = pair_on(device, dtype, vocab=64, seed=1, noise=0.1, scale=0.6)
     g = torch.Generator().manual_seed(0)
     accepted = 0
@@ -59,10 +60,11 @@ def check_greedy_identity(device: str, dtype: torch.dtype) -> None:
             config = GenerationConfig(max_new_tokens=24, sampling=GREEDY, k=k)
             plain = tokens_of(target, [], prompt, config)
             stats = GenerationStats()
-            spec = tokens_of(target, [ModelDrafter(draft)], prompt, config, stats)
+            spec = tokens_of(target, [ModelDrafter(draft, tree=tree)], prompt, config, stats)
             if spec != plain:
                 raise AssertionError(f"greedy identity failed on {device} {dtype} k={k}: {spec} != {plain}")
             accepted += stats.accepted
+            accepted += stats.off_chain_rounds if tree else 0
     if accepted == 0:
         raise AssertionError("no draft was ever accepted: multi-token rounds were not exercised")
 
@@ -123,6 +125,7 @@ def check_exactness(device: str) -> None:
 CHECKS = {
     "greedy identity float64": lambda d: check_greedy_identity(d, torch.float64),
     "greedy identity float32": lambda d: check_greedy_identity(d, torch.float32),
+    "greedy identity float32, draft trees": lambda d: check_greedy_identity(d, torch.float32, tree=4),
     "same sample as on the CPU": check_same_sample_as_cpu,
     "exactness (chi-square) + negative control": check_exactness,
 }

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from specdecode.core.probs import sample_with_noise
+from specdecode.core.tree import DraftTree, TreeResult, verify_tree
 from specdecode.core.verify import Randomness, VerifyResult, verify
 
 
@@ -32,5 +33,28 @@ def residual_from_p(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch
     tokens[rows, n] = torch.where(rejected, resampled, tokens[rows, n])
     return VerifyResult(n, tokens)
 
+
+def tree_always_accept(tree: DraftTree, p: torch.Tensor, u: torch.Tensor, noise: torch.Tensor) -> TreeResult:
+    """BROKEN (trees): accepts the first child at every level (the drafter's chain), then a bonus from p."""
+    path = []
+    while tree.children(path[-1] if path else -1):
+        path.append(tree.children(path[-1] if path else -1)[0])
+    last = path[-1] + 1 if path else 0
+    return TreeResult(path, [tree.tokens[j] for j in path] + [int(sample_with_noise(p[last], noise))])
+
+
+def tree_residual_from_p(tree: DraftTree, p: torch.Tensor, u: torch.Tensor, noise: torch.Tensor) -> TreeResult:
+    """BROKEN (trees): the walk, but after a rejected node the next token comes from p, not the residual
+    (a rejected candidate's mass stays: the bug of accepting a sibling without removing it)."""
+    result = verify_tree(tree, p, u, noise)
+    node = result.path[-1] if result.path else -1
+    if not tree.children(node):  # a bonus: nothing was rejected below this node
+        return result
+    return TreeResult(result.path, result.tokens[:-1] + [int(sample_with_noise(p[node + 1], noise))])
+
+
+# the loop verifies a tree row with its rule's `tree_rule` (the real rules: core.tree.verify_tree)
+always_accept.tree_rule = tree_always_accept  # type: ignore[attr-defined]
+residual_from_p.tree_rule = tree_residual_from_p  # type: ignore[attr-defined]
 
 CONTROLS = {"always-accept": always_accept, "residual-from-p": residual_from_p}

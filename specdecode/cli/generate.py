@@ -11,7 +11,7 @@ from specdecode.core.probs import SamplingParams
 from specdecode.engine.config import DRAFTER_CHOICES, GenerationConfig
 from specdecode.engine.stats import GenerationStats
 
-STYLE = {"draft": "green", "correction": "yellow", "bonus": "bold cyan", "target": ""}
+STYLE = {"draft": "green", "alternative": "magenta", "correction": "yellow", "bonus": "bold cyan", "target": ""}
 
 
 def non_negative_int(text: str) -> int:
@@ -108,7 +108,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compare", action="store_true",
                    help="also run plain decoding afterwards and report the measured speedup")
     p.add_argument("--show-drafts", action="store_true",
-                   help="colour tokens: green = accepted draft, yellow = correction, cyan = bonus")
+                   help="colour tokens: green = accepted draft, magenta = accepted tree alternative (a branch beside "
+                        "the chain), yellow = correction, cyan = bonus")
     p.add_argument("--json", action="store_true", help="print one JSON document (text + statistics)")
     p.set_defaults(func=run_generate)
 
@@ -192,6 +193,8 @@ def _print_stats(stats: GenerationStats, speculative: bool) -> None:
                  ["mean acceptance length (incl. bonus)", stats.mean_acceptance_length],
                  ["K per round (mean)", f"{stats.mean_k:.2f}"],
                  ["drafter rounds", _drafter_counts(stats)],
+                 ["tree rounds / mean nodes / won by an alternative",
+                  f"{len(stats.tree_rounds)} / {stats.mean_tree_nodes:.1f} / {stats.off_chain_rounds}"],
                  ["alpha (per-position estimate)", _opt(stats.alpha)],
                  ["time draft / verify s", f"{stats.t_draft:.2f} / {stats.t_verify:.2f}"],
                  ["c = T_verify / T_draft step", _opt(stats.c)],

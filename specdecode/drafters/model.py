@@ -119,7 +119,7 @@ class ModelDrafter:
             for _ in range(m):
                 if params.greedy:  # deterministic: the next most likely token, q one-hot
                     x = int(drawn.argmax())
-                    q_x = torch.zeros_like(rows[i]).index_fill_(0, torch.tensor([x]), 1.0)
+                    q_x = torch.zeros_like(rows[i]).index_fill_(0, torch.tensor([x], device=rows[i].device), 1.0)
                 elif bool(drawn.sum() > 0):  # sampled without replacement from q_i minus what was drawn
                     x, q_x = sample_token(drawn, generator, position + i, False), drawn
                 else:

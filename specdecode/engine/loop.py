@@ -41,14 +41,14 @@ from specdecode.engine.policy import ALONE, AdaptiveK, BatchLoad, FixedK, KPolic
 from specdecode.engine.sequence import Sequence, Slot, VerifyRule
 from specdecode.engine.stats import GenerationStats, RoundRecord
 
-# where each emitted token came from
-DRAFT, CORRECTION, BONUS, TARGET = "draft", "correction", "bonus", "target"
+# where each emitted token came from (ALTERNATIVE: an accepted tree node off the drafter's chain)
+DRAFT, ALTERNATIVE, CORRECTION, BONUS, TARGET = "draft", "alternative", "correction", "bonus", "target"
 
 
 @dataclass(frozen=True, slots=True)
 class Round:
     tokens: list[int]
-    sources: list[str]  # DRAFT (accepted), CORRECTION (residual sample), BONUS, or TARGET (plain step)
+    sources: list[str]  # DRAFT / ALTERNATIVE (accepted), CORRECTION (residual sample), BONUS, or TARGET (plain step)
 
 
 def new_sequence(slot: Slot, prompt: Seq[int], config: GenerationConfig, eos_ids: frozenset[int],
@@ -307,7 +307,9 @@ def _verify_tree_row(job: RoundJob, drafter: Drafter, proposal: Proposal, p: tor
     else:
         rand = Randomness.draw(1, len(tree), p.shape[-1], job.generator, device=p.device)
         tree = DraftTree(tree.tokens, tree.parents, None if tree.q is None else tree.q.to(p.device))
-        result = verify_tree(tree, p, rand.u[0], rand.noise[0])
+        # the multi-candidate rule, whichever chain rule the job has (block verification is a chain
+        # rule); the audit's broken controls bring their own tree versions
+        result = getattr(job.rule, "tree_rule", verify_tree)(tree, p, rand.u[0], rand.noise[0])
         path, emitted = result.path, result.tokens
     job.target.accept_path([0] + [j + 1 for j in path])
     chain = tree.children(-1)[:1]
@@ -315,10 +317,12 @@ def _verify_tree_row(job: RoundJob, drafter: Drafter, proposal: Proposal, p: tor
         chain.append(tree.children(chain[-1])[0])
     n = len(path)
     drafter.observe(len(chain), n)
-    sources = [DRAFT] * n + [BONUS if not tree.children(path[-1] if path else -1) else CORRECTION]
+    on_chain = set(chain)
+    sources = [DRAFT if j in on_chain else ALTERNATIVE for j in path] + \
+        [BONUS if not tree.children(path[-1] if path else -1) else CORRECTION]
     t_step = proposal.step_seconds if proposal.step_seconds is not None else t_draft / len(chain)
     return RoundOutcome(emitted, sources, drafter.name, len(chain), n, size, t_draft, t_pass, t_step, pass_tokens,
-                        tree_nodes=len(tree), off_chain=bool(set(path) - set(chain)))
+                        tree_nodes=len(tree), off_chain=bool(set(path) - on_chain))
 
 
 def _draft(drafters: Seq[Drafter], policy: KPolicy, context: list[int], k_cap: int, params: SamplingParams,

@@ -113,3 +113,16 @@ def test_false_failure_rate_is_respected(pair):
         draws = sample_first_tokens(target, [LookupDrafter()], FixedK(3), PROMPTS[0], params, 300, 1, g)
         failures += not law_check("n", draws, cells, 0.0, 0.1, 0.0).passed
     assert failures <= 9
+
+
+def test_tree_drafter_passes_and_its_controls_are_detected(pair):
+    """With draft trees the audit checks the multi-candidate rule; both broken controls have tree
+    versions (first child always accepted; a rejected candidate's mass left in the residual)."""
+    target, draft = pair
+    drafters = [ModelDrafter(draft, tree=3, min_gain=0.0)]
+    config = AuditConfig(samples=600, greedy_tokens=24, k=2)
+    report = run_audit(target, drafters, PROMPTS, SETTINGS["t1"], config, progress=False)
+    assert report.passed, report.to_dict()
+    assert report.control_detected is True
+    broken = run_audit(target, drafters, PROMPTS, SETTINGS["t1"], config, rule=residual_from_p, progress=False)
+    assert not broken.passed and any(not c.passed for c in broken.law_checks)

@@ -28,6 +28,11 @@ def test_greedy_identity_on_device(device, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_greedy_identity_with_trees_on_device(device):
+    gpu_check.check_greedy_identity(device, torch.float32, tree=4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_same_sample_as_on_the_cpu(device):
     gpu_check.check_same_sample_as_cpu(device)
 

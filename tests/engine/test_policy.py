@@ -186,3 +186,17 @@ def test_batch_sizes_are_calibrated_when_missing():
     assert policy.wants_calibration()  # a batch needs sizes this file lacks
     policy.calibrate(lambda n: 0.01 * n, {})
     assert set(policy.t_verify) == {1, 2, 3, 8, 16} and not policy.wants_calibration()
+
+
+def test_tree_alternatives_are_kept_while_they_pay():
+    """A flat pass cost (GPU-like) keeps every alternative with a gain; a pass whose every extra token
+    costs most of a step (this CPU) keeps none; in between, the better ones first."""
+    gains = [0.3, 0.2, 0.05]
+    flat, steep, middle = AdaptiveK(), AdaptiveK(), AdaptiveK()
+    flat.load_costs({"t_verify": {str(n): 0.050 for n in range(1, 17)}, "t_step": {"model": 0.002}})
+    steep.load_costs({"t_verify": {str(n): 0.050 * n for n in range(1, 17)}, "t_step": {"model": 0.002}})
+    middle.load_costs({"t_verify": {str(n): 0.050 + 0.004 * n for n in range(1, 17)}, "t_step": {"model": 0.002}})
+    assert flat.tree_alternatives("model", 3, gains) == 3
+    assert steep.tree_alternatives("model", 3, gains) == 0
+    assert middle.tree_alternatives("model", 3, gains) == 2
+    assert FixedK(3).tree_alternatives("model", 3, gains) == 3  # a pinned shape is kept
