@@ -33,8 +33,9 @@ def decode_rate(decoder: SpeculativeDecoder, ids: list[int], config: GenerationC
     seconds = time.perf_counter() - t0
     first = stats.rounds[0]
     t_first = stats.t_prefill + first.t_draft + first.t_verify
-    return {"tokens": len(tokens), "decode_tok_s": (len(tokens) - first.emitted) / (seconds - t_first),
-            "tokens_per_round": len(tokens) / len(stats.rounds)}
+    return {"tokens": len(tokens), "ids": tokens, "decode_tok_s": (len(tokens) - first.emitted) / (seconds - t_first),
+            "tokens_per_round": len(tokens) / len(stats.rounds), "tree_rounds": len(stats.tree_rounds),
+            "off_chain_rounds": stats.off_chain_rounds}
 
 
 def main() -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
 from specdecode.bench.harness import MODES
@@ -24,7 +23,8 @@ from specdecode.drafters.lookup import LookupDrafter
 from specdecode.drafters.suffix import SuffixDrafter
 from specdecode.engine.config import GenerationConfig
 from specdecode.engine.decoder import SpeculativeDecoder
-from specdecode.engine.stats import GenerationStats
+
+from repeat import decode_rate  # noqa: E402  (benchmarks/ is on the path when run as a script)
 
 FILES = {
     "inventory": '''class Inventory:
@@ -73,23 +73,14 @@ EDITS = [
 ]
 
 
-def run(decoder: SpeculativeDecoder, ids: list[int], config: GenerationConfig, speculative: bool) -> dict:
-    stats = GenerationStats()
-    t0 = time.perf_counter()
-    tokens = decoder.generate_ids(ids, config, stats=stats, speculative=speculative)
-    seconds = time.perf_counter() - t0
-    first = stats.rounds[0]
-    t_first = stats.t_prefill + first.t_draft + first.t_verify
-    return {"tokens": tokens, "decode_tok_s": (len(tokens) - first.emitted) / (seconds - t_first),
-            "tokens_per_round": len(tokens) / len(stats.rounds)}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--files", nargs="+", default=list(FILES), choices=list(FILES))
     ap.add_argument("--turns", type=int, default=len(EDITS))
     ap.add_argument("--mode", default="greedy", choices=list(MODES))
     ap.add_argument("--max-new-tokens", type=int, default=320)
+    ap.add_argument("--tree", type=int, default=0,
+                    help="also run the suffix drafter with trees of up to N branch nodes (its own target context)")
     ap.add_argument("--out", default="benchmarks/results/session")
     args = ap.parse_args()
 
@@ -97,6 +88,8 @@ def main() -> None:
     share = dict(eos_ids=base.eos_ids, calibration=base.calibration)
     decoders = {"plain": base, "lookup": SpeculativeDecoder(base.target, base.tokenizer, [LookupDrafter()], **share),
                 "auto": base, "suffix": SpeculativeDecoder(base.target, base.tokenizer, [SuffixDrafter()], **share)}
+    if args.tree:  # a tree pass needs a context with scratch sequences: loaded with the tree size
+        decoders[f"suffix, tree {args.tree}"] = SpeculativeDecoder.load(drafter="suffix", tree=args.tree, progress=False)
     warm = base.encode(FILES[args.files[0]], chat=True)
     for decoder in {id(d): d for d in decoders.values()}.values():
         decoder.calibrate(warm)  # cached costs (or measured now), outside the timed runs
@@ -110,14 +103,13 @@ def main() -> None:
             answers = {}
             for method, decoder in decoders.items():
                 config = GenerationConfig(max_new_tokens=args.max_new_tokens, sampling=MODES[args.mode], seed=turn)
-                answers[method] = run(decoder, ids, config, speculative=method != "plain")
+                answers[method] = decode_rate(decoder, ids, config, speculative=method != "plain")
                 rows.setdefault(method, []).append({"file": name, "turn": turn, "prompt_tokens": len(ids),
-                                                    **{k: v for k, v in answers[method].items() if k != "tokens"},
-                                                    "tokens": len(answers[method]["tokens"])})
+                                                    **{k: v for k, v in answers[method].items() if k != "ids"}})
             print(f"{name} turn {turn} ({len(ids)} prompt tokens): " + ", ".join(
                 f"{m} {a['decode_tok_s']:.1f} tok/s ({a['tokens_per_round']:.2f}/round)" for m, a in answers.items()),
                 flush=True)
-            messages.append({"role": "assistant", "content": base.tokenizer.decode(answers["plain"]["tokens"],
+            messages.append({"role": "assistant", "content": base.tokenizer.decode(answers["plain"]["ids"],
                                                                                    skip_special_tokens=True)})
 
     later = lambda rs: [r for r in rs if r["turn"] > 1]  # noqa: E731
@@ -130,7 +122,7 @@ def main() -> None:
                                              for r, p in zip(later(rows[m]), later(rows["plain"]))])
                for m in decoders}
     lines += ["", "Against plain decoding, turns 2..: " + ", ".join(f"{m} {v:.2f}x" for m, v in summary.items()),
-              "", f"Command: `python benchmarks/session.py --mode {args.mode}`",
+              "", f"Command: `python benchmarks/session.py --mode {args.mode}" + (f" --tree {args.tree}`" if args.tree else "`"),
               f"Suffix drafter memory after the run: {decoders['suffix'].drafters[0].memory}"]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -66,6 +66,13 @@ class DraftTree:
             depth.append(1 if parent < 0 else depth[parent] + 1)
         return depth
 
+    def main_chain(self) -> list[int]:
+        """The first child of every level from the root: the drafter's chain (alternatives beside it)."""
+        chain = self.children(-1)[:1]
+        while chain and self.children(chain[-1]):
+            chain.append(self.children(chain[-1])[0])
+        return chain
+
     def path_to(self, node: int) -> list[int]:
         """The nodes from the root's child down to `node` (empty for the root, -1)."""
         path = []

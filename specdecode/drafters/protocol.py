@@ -26,7 +26,8 @@ class Proposal:
     # chain. q's row j is then node j's law given its earlier siblings.
     parents: list[int] | None = None
     # a tree's alternatives (the nodes after its chain, in order): each one's expected extra tokens
-    # as the drafter estimates them, non-increasing among the alternatives of one depth
+    # as the drafter estimates them, non-increasing among the alternatives of one depth and never
+    # above the gain of an alternative it hangs below
     gains: list[float] | None = None
 
     def keep_alternatives(self, m: int) -> "Proposal":
@@ -40,8 +41,11 @@ class Proposal:
         keep = list(range(first)) + sorted(first + i for i in best)
         if len(keep) == first:  # the chain alone
             return Proposal(self.tokens[:first], None if self.q is None else self.q[:first], self.step_seconds)
+        index = {old: new for new, old in enumerate(keep)} | {-1: -1}
+        if any(self.parents[j] not in index for j in keep):
+            raise ValueError("a kept alternative's parent was dropped: a node's gain must not exceed its parent's")
         return Proposal([self.tokens[j] for j in keep], None if self.q is None else self.q[keep], self.step_seconds,
-                        [self.parents[j] for j in keep], [self.gains[i] for i in sorted(best)])
+                        [index[self.parents[j]] for j in keep], [self.gains[i] for i in sorted(best)])
 
 
 class Drafter(Protocol):

@@ -13,6 +13,12 @@ The score is the empirical probability that the whole draft continues as the tex
 before, so the draft is long where the text is being copied and short or empty where it
 branches (SuffixDecoding's adaptive draft length); adaptive K still caps it by cost.
 
+Draft tree (optional, `tree` > 0 extra nodes): the other continuations the text had at each
+position of the chain become branches beside it, each grown the same way, best first by score
+(SuffixDecoding's tree): a branch is the probability-weighted "or it went like that last time".
+A node's score never exceeds its parent's, so taking the best-scored nodes first keeps every
+kept node's parent. The cost model decides how many of them pay, as for the draft model's tree.
+
 Deterministic (q = None, one-hot), so exact like every drafter. Cross-request history
 changes which drafts are made, never the output law; what a seed reproduces then also
 depends on the requests before it in the process (`history_tokens=0` turns it off).
@@ -20,6 +26,8 @@ depends on the requests before it in the process (`history_tokens=0` turns it of
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Sequence
@@ -84,8 +92,11 @@ class ContinuationCounts:
 class SuffixDrafter:
     """Drafter over ContinuationCounts of the live context plus a bounded history of earlier requests."""
 
-    def __init__(self, config: SuffixConfig = SuffixConfig()) -> None:
+    def __init__(self, config: SuffixConfig = SuffixConfig(), tree: int = 0) -> None:
+        if isinstance(tree, bool) or not isinstance(tree, int) or tree < 0:
+            raise ValueError(f"tree must be an integer >= 0 (extra tree nodes per round; 0 = a chain), got {tree!r}")
         self.config = config
+        self.tree = tree
         self.name = "suffix"
         self.index = ContinuationCounts(config)
         self.history: deque[list[int]] = deque()  # earlier requests' texts, counted in the index
@@ -112,26 +123,65 @@ class SuffixDrafter:
         start = len(self.live)
         self.live.extend(context[start:])
         self.index.add(self.live, start)
-        return Proposal(self.draft(self.live, min(k, self.config.max_proposal)), None)
+        k = min(k, self.config.max_proposal)
+        steps = self._walk(self.live[-self.config.max_n:], k)
+        if self.tree and steps:
+            return self._with_branches(steps, k)
+        return Proposal([token for token, _, _ in steps], None)
 
     def draft(self, context: Sequence[int], k: int) -> list[int]:
-        tail, tokens, score = list(context[-self.config.max_n:]), [], 1.0
-        while len(tokens) < k:
+        """The chain: up to k most frequent continuations while the score holds."""
+        return [token for token, _, _ in self._walk(list(context[-self.config.max_n:]), k)]
+
+    def _walk(self, tail: list[int], k: int, score: float = 1.0) -> list[tuple[int, list[int], float]]:
+        """Greedy steps from `tail`: (token, the tail it continues, the score before it) each."""
+        steps: list[tuple[int, list[int], float]] = []
+        while len(steps) < k:
             counter = self.index.continuation(tail)
             if counter is None:
                 break
             token, count = max(reversed(counter.items()), key=lambda item: item[1])  # ties: most recent
-            score *= count / sum(counter.values())
-            if score < self.config.min_score:
+            if score * count / sum(counter.values()) < self.config.min_score:
                 break
+            steps.append((token, tail, score))
+            score *= count / sum(counter.values())
+            tail = self._extend(tail, token)
+        return steps
+
+    def _extend(self, tail: list[int], token: int) -> list[int]:
+        return (tail[1:] if len(tail) >= self.config.max_n else tail) + [token]
+
+    def _with_branches(self, steps: list[tuple[int, list[int], float]], k: int) -> Proposal:
+        """The chain (nodes 0..K-1) plus up to `tree` branch nodes, best score first: the chain's
+        other continuations at each depth, then theirs, no deeper than k."""
+        tokens = [token for token, _, _ in steps]
+        parents, gains = list(range(-1, len(tokens) - 1)), []
+        frontier: list[tuple[float, int, int, int, list[int], int]] = []  # (-score, order, parent, depth, tail, token)
+        order = itertools.count()  # ties: the earlier offered (the chain's shallower depths first)
+
+        def offer(parent: int, depth: int, tail: list[int], score: float, skip: int | None) -> None:
+            counter = self.index.continuation(tail) if depth <= k else None
+            total = sum(counter.values()) if counter else 0
+            for token, count in (counter or {}).items():
+                if token != skip and score * count / total >= self.config.min_score:
+                    heapq.heappush(frontier, (-score * count / total, next(order), parent, depth, tail, token))
+
+        for i, (token, tail, score) in enumerate(steps):
+            offer(i - 1, i + 1, tail, score, skip=token)
+        while frontier and len(gains) < self.tree:
+            neg_score, _, parent, depth, tail, token = heapq.heappop(frontier)
             tokens.append(token)
-            tail = tail[1:] + [token] if len(tail) >= self.config.max_n else tail + [token]
-        return tokens
+            parents.append(parent)
+            gains.append(-neg_score)
+            offer(len(tokens) - 1, depth + 1, self._extend(tail, token), -neg_score, skip=None)
+        if not gains:
+            return Proposal(tokens, None)
+        return Proposal(tokens, None, parents=parents, gains=gains)
 
     def fork(self) -> "SuffixDrafter":
         """Another slot's drafter, with its own index and history: each slot learns from the
         requests it served (a shared index would need a lock-free count of concurrent texts)."""
-        return SuffixDrafter(self.config)
+        return SuffixDrafter(self.config, self.tree)
 
     def observe(self, drafted: int, accepted: int) -> None:
         pass

@@ -106,8 +106,9 @@ class SpeculativeDecoder:
         draft_confidence: stop a draft early when the draft's top probability falls below it
         (0 = off; speed only, the output law is unchanged).
         tree: up to this many extra draft-tree nodes per round (alternative candidates where the draft
-        is unsure, verified exactly by the multi-candidate rule, core/tree.py); adaptive K keeps
-        only those its cost model says pay. 0 = chains. Needs the draft model (drafter auto/model).
+        is unsure, or the suffix drafter's other continuations, verified exactly by the multi-candidate
+        rule, core/tree.py); adaptive K keeps only those its cost model says pay. 0 = chains. Needs
+        drafter model, auto (the draft model's tree) or suffix.
         threads / n_ctx: llama.cpp only (0 = the machine's cores / the model's context; with
         max_batch > 1 the context of each sequence, by default 32768 tokens shared out).
         max_batch: sequences decoded at once by `generate_many`/`stream_many` and the server
@@ -138,8 +139,9 @@ class SpeculativeDecoder:
         max_batch = max_batch or (DEFAULT_MAX_BATCH if backend == "llama.cpp" else 1)
         if isinstance(tree, bool) or not isinstance(tree, int) or not 0 <= tree <= MAX_TREE:
             raise ValueError(f"tree must be an integer in 0..{MAX_TREE} (extra draft-tree nodes per round), got {tree!r}")
-        if tree and drafter not in ("auto", "model"):
-            raise ValueError(f"--tree needs the draft model: use --drafter model or auto, not {drafter}")
+        if tree and drafter not in ("auto", "model", "suffix"):
+            raise ValueError(f"--tree needs a drafter with alternatives to offer: --drafter model, auto or suffix "
+                             f"(prompt lookup copies one continuation), not {drafter}")
         settings = LlamaSettings(n_ctx=n_ctx, n_threads=threads, n_seq_max=max_batch,
                                  tree_leaves=tree + 1 if tree else 0)
         target_model, tokenizer = load_model(target, "target", torch_dtype, device, progress=progress,
@@ -148,7 +150,7 @@ class SpeculativeDecoder:
         if speculative and drafter in ("auto", "lookup"):
             drafters.append(LookupDrafter())
         if speculative and drafter == "suffix":
-            drafters.append(SuffixDrafter())
+            drafters.append(SuffixDrafter(tree=tree))
         if speculative and drafter in ("auto", "model"):
             draft_backend = resolve_backend(backend, draft, device)
             draft_model, draft_tokenizer = load_model(draft, "draft", torch_dtype, device, progress=progress,

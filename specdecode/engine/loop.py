@@ -252,7 +252,8 @@ def speculative_rounds(jobs: Seq[RoundJob]) -> list[RoundOutcome]:
         drafts_of.append((drafter, proposal))
         timing.append(t_draft)
         tokens += size
-        expected += job.policy.expected_tokens(drafter.name, len(drafts)) if drafts else 1.0
+        k = len(DraftTree(drafts, proposal.parents).main_chain()) if drafts and proposal.parents else len(drafts)
+        expected += job.policy.expected_tokens(drafter.name, k) if drafts else 1.0  # (alternatives: no prior)
     t1 = time.perf_counter()
     logits_of = forward_batch(rows)
     t_pass = time.perf_counter() - t1
@@ -312,9 +313,7 @@ def _verify_tree_row(job: RoundJob, drafter: Drafter, proposal: Proposal, p: tor
         result = getattr(job.rule, "tree_rule", verify_tree)(tree, p, rand.u[0], rand.noise[0])
         path, emitted = result.path, result.tokens
     job.target.accept_path([0] + [j + 1 for j in path])
-    chain = tree.children(-1)[:1]
-    while chain and tree.children(chain[-1]):
-        chain.append(tree.children(chain[-1])[0])
+    chain = tree.main_chain()
     n = len(path)
     drafter.observe(len(chain), n)
     on_chain = set(chain)

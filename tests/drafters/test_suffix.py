@@ -99,3 +99,42 @@ def test_bad_config():
         SuffixConfig(min_score=0)
     with pytest.raises(ValueError, match="history_tokens"):
         SuffixConfig(history_tokens=-1)
+
+
+# (1, 2) -> 7 twice, 9 once; after 7: 8 1 (certain); after 9: 5 1 (certain)
+BRANCHING = [1, 2, 7, 8, 1, 2, 7, 8, 1, 2, 9, 5, 1, 2]
+
+
+def test_a_tree_adds_the_other_continuations_best_first_as_branches():
+    proposal = SuffixDrafter(BIGRAMS, tree=3).propose(BRANCHING, 3, GREEDY, torch.Generator())
+    # the chain 7 8 1, then the branch the text also took: 9 (beside 7), 5 below it, 1 below that
+    assert proposal.tokens == [7, 8, 1, 9, 5, 1]
+    assert proposal.parents == [-1, 0, 1, -1, 3, 4]
+    assert proposal.q is None and proposal.gains == pytest.approx([1 / 3] * 3)
+    assert proposal.keep_alternatives(1).tokens == [7, 8, 1, 9] and proposal.keep_alternatives(0).parents is None
+    # no deeper than k: with k = 1 the branch is the sibling alone
+    shallow = SuffixDrafter(BIGRAMS, tree=3).propose(BRANCHING, 1, GREEDY, torch.Generator())
+    assert (shallow.tokens, shallow.parents) == ([7, 9], [-1, -1])
+    # tree=0, or a text that never branched, gives the chain
+    assert SuffixDrafter(BIGRAMS).propose(BRANCHING, 3, GREEDY, torch.Generator()).parents is None
+    assert SuffixDrafter(BIGRAMS, tree=3).propose([1, 2, 7, 8, 1, 2], 3, GREEDY, torch.Generator()).parents is None
+
+
+def test_branches_below_the_min_score_are_not_offered():
+    strict = SuffixConfig(min_n=2, max_n=2, min_score=0.5)
+    assert SuffixDrafter(strict, tree=3).propose(BRANCHING, 3, GREEDY, torch.Generator()).tokens == [7, 8, 1]
+
+
+def test_keeping_alternatives_renumbers_parents_and_keeps_every_parent():
+    from specdecode.drafters.protocol import Proposal
+    # chain a b; alternatives c (beside a, gain 0.1), d (beside b, 0.5), e (below d, 0.4)
+    tree = Proposal([1, 2, 3, 4, 5], None, parents=[-1, 0, -1, 0, 3], gains=[0.1, 0.5, 0.4])
+    kept = tree.keep_alternatives(2)
+    assert (kept.tokens, kept.parents, kept.gains) == ([1, 2, 4, 5], [-1, 0, 0, 2], [0.5, 0.4])
+    with pytest.raises(ValueError, match="parent was dropped"):  # a child worth more than its parent
+        Proposal([1, 2, 3], None, parents=[-1, -1, 1], gains=[0.1, 0.5]).keep_alternatives(1)
+
+
+def test_bad_tree():
+    with pytest.raises(ValueError, match="tree"):
+        SuffixDrafter(tree=-1)

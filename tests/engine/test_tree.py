@@ -1,10 +1,11 @@
 """Draft trees through the engine (transformers backend, tiny models built in-process).
 
-- Greedy: with a tree drafter the output is token for token the plain output (float64), and
-  alternatives won rounds (so the tree path, accept_path included, was exercised).
-- Sampled: the engine chi-square of the first two tokens (false-failure probability 1e-3 at
-  fixed seeds) with a tree drafter; its negative control verifies the tree with a residual
-  that keeps rejected candidates, and must fail.
+- Greedy: with a tree drafter (the draft model's, the suffix drafter's) the output is token for
+  token the plain output (float64), and alternatives won rounds (so the tree path, accept_path
+  included, was exercised).
+- Sampled: the engine chi-square of the first two tokens (false-failure probability 1e-3 per
+  test at fixed seeds) with each tree drafter (sampled candidates; deterministic ones); its
+  negative control verifies the tree with a residual that keeps rejected candidates, and must fail.
 - Reproducible: a tree changes nothing in the sample of a seed.
 - Batches: a tree row beside chain and plain rows gives its solo tokens.
 """
@@ -19,6 +20,7 @@ import torch
 from specdecode.core import tree as tree_rule
 from specdecode.core.probs import SamplingParams
 from specdecode.drafters.model import ModelDrafter
+from specdecode.drafters.suffix import SuffixConfig, SuffixDrafter
 from specdecode.engine.config import GenerationConfig
 from specdecode.engine.decoder import SpeculativeDecoder
 from specdecode.engine.loop import generate_tokens
@@ -68,12 +70,28 @@ def test_greedy_tree_output_is_the_plain_output():
     assert nodes > 0 and won > 0  # trees were verified, and alternatives won rounds
 
 
-def tree_p_value(target, draft, params, n=1500, k=2):
+# in this earlier request (1, 2) continued 0, 5 and 4, once each; PROMPT's own 3 is the latest of
+# the tie: the suffix drafter's chain after PROMPT starts with 3, its branches 0, 5 and 4 beside it
+HISTORY = [1, 2, 0, 3, 1, 2, 5, 1, 1, 2, 4, 4]
+
+
+def suffix_tree(draft=None) -> SuffixDrafter:
+    drafter = SuffixDrafter(SuffixConfig(min_n=1, max_n=2, min_score=0.1), tree=3)
+    drafter.propose(HISTORY, 1, SamplingParams(), torch.Generator())
+    drafter.reset()  # HISTORY is an earlier request's text
+    return drafter
+
+
+def model_tree(draft) -> ModelDrafter:
+    return ModelDrafter(draft, tree=3, min_gain=0.0)
+
+
+def tree_p_value(target, draft, params, make_drafter=model_tree, n=1500, k=2):
     counts = {key: 0 for key in itertools.product(range(V), repeat=2)}
     off_chain = 0
     for seed in range(n):
         config = GenerationConfig(max_new_tokens=k + 1, sampling=params, k=k, seed=seed)
-        tokens, stats = run(target, [ModelDrafter(draft, tree=3, min_gain=0.0)], PROMPT, config)
+        tokens, stats = run(target, [make_drafter(draft)], PROMPT, config)
         counts[tuple(tokens[:2])] += 1
         off_chain += stats.off_chain_rounds
     assert off_chain >= 0.05 * n, off_chain  # alternatives won often enough for the test to see them
@@ -86,11 +104,31 @@ def test_sampled_tree_is_exact(pair, params):
     assert tree_p_value(target, draft, params) > 1e-3
 
 
-def test_tree_negative_control_fails(pair, monkeypatch):
+def test_suffix_tree_is_exact(pair):
+    target, draft = pair
+    assert tree_p_value(target, draft, SamplingParams(), suffix_tree) > 1e-3
+
+
+@pytest.mark.parametrize("make_drafter", [model_tree, suffix_tree], ids=["model", "suffix"])
+def test_tree_negative_control_fails(pair, monkeypatch, make_drafter):
     """The same test with a residual that keeps rejected candidates' mass must fail."""
     monkeypatch.setattr(tree_rule, "residual", lambda r, q_c, x: r)
     target, draft = pair
-    assert tree_p_value(target, draft, SamplingParams()) < 1e-3
+    assert tree_p_value(target, draft, SamplingParams(), make_drafter) < 1e-3
+
+
+def test_greedy_suffix_tree_output_is_the_plain_output():
+    target, _ = tiny_pair(seed=1, noise=0.3, dtype=torch.float64)
+    greedy = SamplingParams(temperature=0.0)
+    won = 0
+    drafter = SuffixDrafter(SuffixConfig(min_n=1, max_n=3, min_score=0.05), tree=4)
+    for prompt in ([3, 4, 5, 3, 4, 6, 3, 4], [10, 11, 12, 13, 10, 11, 9], [7, 7, 8, 9, 7, 7, 5, 7]):
+        plain, _ = run(target, [], prompt, GenerationConfig(max_new_tokens=40, sampling=greedy))
+        for k in (2, 4):
+            spec, stats = run(target, [drafter], prompt, GenerationConfig(max_new_tokens=40, sampling=greedy, k=k))
+            assert spec == plain, (prompt, k)
+            won += stats.off_chain_rounds
+    assert won > 0  # a branch, not the chain, was accepted in some rounds
 
 
 @pytest.fixture(scope="module")
