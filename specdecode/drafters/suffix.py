@@ -133,9 +133,10 @@ class SuffixDrafter:
         """The chain: up to k most frequent continuations while the score holds."""
         return [token for token, _, _ in self._walk(list(context[-self.config.max_n:]), k)]
 
-    def _walk(self, tail: list[int], k: int, score: float = 1.0) -> list[tuple[int, list[int], float]]:
+    def _walk(self, tail: list[int], k: int) -> list[tuple[int, list[int], float]]:
         """Greedy steps from `tail`: (token, the tail it continues, the score before it) each."""
         steps: list[tuple[int, list[int], float]] = []
+        score = 1.0
         while len(steps) < k:
             counter = self.index.continuation(tail)
             if counter is None:
