@@ -36,9 +36,7 @@ def residual_from_p(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch
 
 def tree_always_accept(tree: DraftTree, p: torch.Tensor, u: torch.Tensor, noise: torch.Tensor) -> TreeResult:
     """BROKEN (trees): accepts the first child at every level (the drafter's chain), then a bonus from p."""
-    path = []
-    while tree.children(path[-1] if path else -1):
-        path.append(tree.children(path[-1] if path else -1)[0])
+    path = tree.main_chain()
     last = path[-1] + 1 if path else 0
     return TreeResult(path, [tree.tokens[j] for j in path] + [int(sample_with_noise(p[last], noise))])
 

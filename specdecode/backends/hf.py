@@ -20,7 +20,7 @@ from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, Dynam
                           PreTrainedTokenizerBase)
 from transformers.utils import logging as hf_logging
 
-from specdecode.backends.protocol import tree_depths
+from specdecode.core.tree import tree_depths
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16, "float64": torch.float64, "fp64": torch.float64}

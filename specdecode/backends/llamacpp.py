@@ -30,7 +30,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from specdecode.backends.protocol import Row, tree_depths
+from specdecode.backends.protocol import Row
+from specdecode.core.tree import tree_depths
 
 _init_lock = threading.Lock()
 # Process-wide, as llama.cpp's own backend state is: initialised once, on first use.
@@ -289,7 +290,8 @@ class _Tree:
         depth = tree_depths(parents)
         if len(parents) > settings.n_batch:
             raise ValueError(f"a tree of {len(parents)} tokens exceeds n_batch={settings.n_batch}")
-        leaves = [j for j in range(len(parents)) if j not in set(parents)]
+        inner = set(parents)
+        leaves = [j for j in range(len(parents)) if j not in inner]
         if len(leaves) > len(model.scratch_ids):
             raise ValueError(f"a tree with {len(leaves)} leaves needs LlamaSettings(tree_leaves >= {len(leaves)}), "
                              f"this context has {len(model.scratch_ids)}")
@@ -364,8 +366,6 @@ class LlamaCppModel:
     def forward_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
         """A draft tree after the cache, in one pass (module docstring); logits for every token.
         The root (tokens[0]) joins the cache; the rest waits for `accept_path`."""
-        if not parents or parents[0] != -1 or any(p < 0 for p in parents[1:]):
-            raise ValueError("a tree row on llama.cpp has one root, its first token (parents[0] = -1)")
         return self.context.forward_rows([Row(self, tokens, len(tokens), parents)])[0]
 
     def accept_path(self, path: Sequence[int]) -> None:

@@ -56,16 +56,6 @@ class Row(NamedTuple):
         return self.model.forward(self.tokens, n_logits=self.n_logits)
 
 
-def tree_depths(parents: Sequence[int]) -> list[int]:
-    """Depth of each token of a tree row (a token whose parent is -1 has depth 0: position length)."""
-    depth: list[int] = []
-    for j, parent in enumerate(parents):
-        if not -1 <= parent < j:
-            raise ValueError(f"tree token {j} has parent {parent}: parents must be earlier tokens or -1")
-        depth.append(0 if parent < 0 else depth[parent] + 1)
-    return depth
-
-
 def forward_batch(rows: Sequence[Row | tuple]) -> list[torch.Tensor]:
     """`forward` (or `forward_tree`) for several sequences: each row's logits, in order.
 

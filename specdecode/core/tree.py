@@ -28,10 +28,22 @@ probability 0) falls back to r, the final token sampled by the exponential race.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
 from specdecode.core.probs import sample_with_noise
+
+
+def tree_depths(parents: Sequence[int]) -> list[int]:
+    """Depth of each token of a tree given its parents (a token whose parent is -1 has depth 0); a
+    backend's tree row includes the root, so there depth is the offset from the root's position."""
+    depth: list[int] = []
+    for j, parent in enumerate(parents):
+        if not -1 <= parent < j:
+            raise ValueError(f"tree token {j} has parent {parent}: parents must be earlier tokens or -1")
+        depth.append(0 if parent < 0 else depth[parent] + 1)
+    return depth
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,10 +73,7 @@ class DraftTree:
 
     def depths(self) -> list[int]:
         """Each node's depth (a child of the root has depth 1): its position is length + depth."""
-        depth: list[int] = []
-        for parent in self.parents:
-            depth.append(1 if parent < 0 else depth[parent] + 1)
-        return depth
+        return [d + 1 for d in tree_depths(self.parents)]
 
     def main_chain(self) -> list[int]:
         """The first child of every level from the root: the drafter's chain (alternatives beside it)."""

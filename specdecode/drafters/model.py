@@ -116,7 +116,7 @@ class ModelDrafter:
         for i, m in enumerate(count):
             drawn = rows[i] if not params.greedy else ranks[i]
             drawn = remove(drawn, chain[i])
-            for _ in range(m):
+            for j in range(m):
                 if params.greedy:  # deterministic: the next most likely token, q one-hot
                     x = int(drawn.argmax())
                     q_x = torch.zeros_like(rows[i]).index_fill_(0, torch.tensor([x], device=rows[i].device), 1.0)
@@ -127,7 +127,7 @@ class ModelDrafter:
                 tokens.append(x)
                 parents.append(i - 1)
                 q_rows.append(q_x)
-                kept_gains.append(gains[i][len(kept_gains) - sum(count[:i])])
+                kept_gains.append(gains[i][j])
                 drawn = remove(drawn, x)
         if len(tokens) == len(chain):
             return Proposal(chain, torch.stack(rows), step_seconds=step)

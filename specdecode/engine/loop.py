@@ -233,9 +233,11 @@ def speculative_rounds(jobs: Seq[RoundJob]) -> list[RoundOutcome]:
         t0 = time.perf_counter()
         drafter, proposal = _draft(job.drafters, job.policy, job.context, min(job.k_cap, room), job.params,
                                    job.generator, load)
+        k = len(proposal.tokens) if proposal is not None else 0  # the chain's K (a tree's alternatives aside)
+        if proposal is not None and proposal.parents is not None:
+            k = len(DraftTree(proposal.tokens, proposal.parents).main_chain())
         if proposal is not None and proposal.gains:  # a tree: the cost model decides how many alternatives pay
             gains = sorted(proposal.gains, reverse=True)
-            k = len(proposal.tokens) - len(gains)
             proposal = proposal.keep_alternatives(
                 min(job.policy.tree_alternatives(drafter.name, k, gains, load), room - k))
         t_draft = time.perf_counter() - t0
@@ -252,7 +254,6 @@ def speculative_rounds(jobs: Seq[RoundJob]) -> list[RoundOutcome]:
         drafts_of.append((drafter, proposal))
         timing.append(t_draft)
         tokens += size
-        k = len(DraftTree(drafts, proposal.parents).main_chain()) if drafts and proposal.parents else len(drafts)
         expected += job.policy.expected_tokens(drafter.name, k) if drafts else 1.0  # (alternatives: no prior)
     t1 = time.perf_counter()
     logits_of = forward_batch(rows)
