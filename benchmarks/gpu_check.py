@@ -5,7 +5,7 @@
 Self-contained (tiny random models from tests/tiny.py, nothing downloaded). Checks, on the device:
 1. greedy identity: speculative output == plain greedy output, token for token (float64 and
    float32 tiny pairs, K = 1..4, several prompts), with chains and with draft trees (the tree
-   pass's 4D mask and the cache compaction on the device);
+   pass's 4D mask and the cache compaction on the device; with prompt lookup's copies);
 2. device independence: a sampled speculative generation (float64) on the device emits the
    same tokens as on the CPU for the same seed (randomness is drawn on the CPU generator);
 3. exactness: the first two tokens of N sampled speculative generations (K = 2, budget 3) vs
@@ -29,6 +29,7 @@ import torch  # noqa: E402
 
 from specdecode.backends.hf import HFModel  # noqa: E402
 from specdecode.core.probs import GREEDY, SamplingParams  # noqa: E402
+from specdecode.drafters.lookup import LookupDrafter  # noqa: E402
 from specdecode.drafters.model import ModelDrafter  # noqa: E402
 from specdecode.drafters.protocol import Proposal  # noqa: E402
 from specdecode.engine.config import GenerationConfig  # noqa: E402
@@ -60,7 +61,8 @@ def check_greedy_identity(device: str, dtype: torch.dtype, tree: int = 0) -> Non
             config = GenerationConfig(max_new_tokens=24, sampling=GREEDY, k=k)
             plain = tokens_of(target, [], prompt, config)
             stats = GenerationStats()
-            spec = tokens_of(target, [ModelDrafter(draft, tree=tree)], prompt, config, stats)
+            drafter = ModelDrafter(draft, tree=tree, branches=LookupDrafter() if tree else None)  # trees with copies
+            spec = tokens_of(target, [drafter], prompt, config, stats)
             if spec != plain:
                 raise AssertionError(f"greedy identity failed on {device} {dtype} k={k}: {spec} != {plain}")
             accepted += stats.accepted

@@ -8,11 +8,16 @@ the run reports aggregate tokens/s (all completion tokens / wall time), per-requ
     one-at-a-time   --max-batch 1 (the server before batching), speculation on (auto, adaptive K)
     batched         --max-batch B, speculation on
     batched, plain  --max-batch B, every request with "specdecode": {"speculative": false}
+    llama-server    with --llama-server PATH: llama.cpp's own server binary on the same target
+                    GGUF with B parallel slots (-np B, the same per-slot context, unified KV
+                    cache, the same threads), plain decoding, the same requests
 
-The bound the cost curve allows is printed beside: B one-token rows per pass / T(B tokens),
-from the calibration file the server measured (`<cache>/calibration`).
+Configurations that differ only in that per-request flag share one server process and alternate
+at each concurrency level. The bound the cost curve allows (B one-token rows per pass / T(B
+tokens)) comes from the calibration file the server measured (`<cache>/calibration`, README).
 
-    python benchmarks/load.py --clients 1 2 4 8 --requests 2 --max-tokens 64 --out benchmarks/results/load
+    python benchmarks/load.py --clients 1 2 4 8 --requests 2 --max-tokens 128 \
+        --configs one-at-a-time batched plain llama-server --llama-server PATH --out benchmarks/results/load
 """
 
 from __future__ import annotations
@@ -32,9 +37,10 @@ from specdecode.bench.harness import load_prompts
 
 
 class Server:
-    def __init__(self, port: int, *flags: str) -> None:
+    def __init__(self, port: int, *flags: str, cmd: list[str] | None = None) -> None:
+        """`specdecode serve` with `flags`, or the command `cmd` (another server on `port`)."""
         self.url = f"http://127.0.0.1:{port}"
-        cmd = [sys.executable, "-m", "specdecode", "serve", "--port", str(port), "--queue-size", "64", *flags]
+        cmd = cmd or [sys.executable, "-m", "specdecode", "serve", "--port", str(port), "--queue-size", "64", *flags]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 600  # the first start may calibrate the batch pass sizes
         while time.time() < deadline:
@@ -56,12 +62,27 @@ class Server:
             self.proc.kill()
 
 
-def one_request(url: str, model: str, prompt: str, max_tokens: int, speculative: bool) -> dict:
+def llama_server_command(binary: Path, port: int, slots: int) -> list[str]:
+    """llama.cpp's server on the embedded target GGUF, set up as `specdecode serve --max-batch slots` is:
+    per-slot context min(trained, 32768 / slots), one unified KV pool, the same thread count."""
+    from specdecode.backends.llamacpp import default_threads
+    from specdecode.backends.weights import TARGET, ensure_gguf
+
+    threads = str(default_threads())
+    return [str(binary), "-m", str(ensure_gguf(TARGET)), "--host", "127.0.0.1", "--port", str(port),
+            "-np", str(slots), "-c", str(32768 // slots * slots), "--kv-unified", "-t", threads, "-tb", threads,
+            "--no-webui", "-ngl", "0"]
+
+
+def one_request(url: str, model: str, prompt: str, max_tokens: int, speculative: bool | None) -> dict:
+    """One streaming completion; speculative None: a server that is not ours (no specdecode field)."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}, "specdecode": {"speculative": speculative}}
+            "stream_options": {"include_usage": True}}
+    if speculative is not None:
+        body["specdecode"] = {"speculative": speculative}
     t0 = time.perf_counter()
     first = None
-    tokens = 0
+    tokens = None
     with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as r:
         r.raise_for_status()
         for line in r.iter_lines():
@@ -74,11 +95,13 @@ def one_request(url: str, model: str, prompt: str, max_tokens: int, speculative:
                 first = time.perf_counter() - t0
             if event.get("usage"):
                 tokens = event["usage"]["completion_tokens"]
+    if tokens is None:
+        raise RuntimeError("the stream ended without a usage record: its tokens cannot be counted")
     return {"latency": time.perf_counter() - t0, "ttft": first or 0.0, "tokens": tokens}
 
 
 def load(url: str, model: str, prompts: list[str], clients: int, requests: int, max_tokens: int,
-         speculative: bool) -> dict:
+         speculative: bool | None) -> dict:
     results: list[dict] = []
     errors: list[str] = []
 
@@ -104,6 +127,25 @@ def load(url: str, model: str, prompts: list[str], clients: int, requests: int, 
             "latency_p50": q(lat, 50), "latency_p95": q(lat, 95), "ttft_p50": q(ttft, 50), "ttft_p95": q(ttft, 95)}
 
 
+def paired(url: str, model: str, prompts: list[str], n: int, max_tokens: int) -> dict:
+    """One client, n prompts, each sent twice in a row, with speculation on and off (the order
+    swapped from prompt to prompt): the fairest single-request comparison a drifting machine allows."""
+    time_of: dict[bool, float] = {True: 0.0, False: 0.0}
+    tokens_of: dict[bool, int] = {True: 0, False: 0}
+    ratios = []
+    for i in range(n):
+        rate = {}
+        for speculative in ((True, False) if i % 2 == 0 else (False, True)):
+            r = one_request(url, model, prompts[i % len(prompts)], max_tokens, speculative)
+            time_of[speculative] += r["latency"]
+            tokens_of[speculative] += r["tokens"]
+            rate[speculative] = r["tokens"] / r["latency"]
+        ratios.append(rate[True] / rate[False])
+    on, off = tokens_of[True] / time_of[True], tokens_of[False] / time_of[False]
+    return {"config": "paired A/B, 1 client", "requests": 2 * n, "on_tokens_per_s": on, "off_tokens_per_s": off,
+            "ratio": on / off, "median_prompt_ratio": statistics.median(ratios)}
+
+
 def counters(url: str) -> dict[str, float]:
     """The server's totals that say what K it chose: rows verified, drafts, rounds, batch sizes."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -119,52 +161,88 @@ def counters(url: str) -> dict[str, float]:
     return out
 
 
+def measure(url: str, model: str, prompts: list[str], name: str, clients: int, args: argparse.Namespace,
+            speculative: bool | None, ours: bool) -> dict:
+    """One load level against one server, with what our server's counters say about it."""
+    before = counters(url) if ours else {}
+    row = {"config": name, **load(url, model, prompts, clients, args.requests, args.max_tokens, speculative)}
+    if ours:
+        after = counters(url)
+        d = {k: after[k] - before[k] for k in after}
+        rounds = max(1.0, d["specdecode_batch_size_count"])  # target passes
+        # the worker prefills between rounds (nothing else runs then): the rest is decoding
+        decode_s = row["wall_s"] - d["specdecode_prefill_seconds_total"]
+        row |= {"decode_tokens_per_s": d["specdecode_tokens_generated_total"] / max(decode_s, 1e-9),
+                "prefill_share": d["specdecode_prefill_seconds_total"] / row["wall_s"],
+                "mean_batch": d["specdecode_batch_size_sum"] / rounds,
+                "mean_pass_tokens": d["specdecode_pass_tokens_sum"] / rounds,
+                # rows are request-rounds: K per row = drafts per request-round
+                "mean_k": d["specdecode_tokens_drafted_total"] / max(1.0, d["specdecode_rounds_total"]),
+                "accepted_per_draft": d["specdecode_tokens_accepted_total"]
+                / max(1.0, d["specdecode_tokens_drafted_total"])}
+    detail = f"decode {row['decode_tokens_per_s']:6.1f} tok/s (prefill {row['prefill_share']:.0%})  " if ours else ""
+    tail = (f"batch {row['mean_batch']:4.1f} pass {row['mean_pass_tokens']:5.1f} tok  K/row {row['mean_k']:4.2f}  "
+            if ours else "")
+    print(f"{name:28s} clients={clients:2d}  {row['tokens_per_s']:6.1f} tok/s  {detail}"
+          f"latency p50 {row['latency_p50']:5.1f}s p95 {row['latency_p95']:5.1f}s  "
+          f"ttft p50 {row['ttft_p50']:5.2f}s p95 {row['ttft_p95']:5.2f}s  {tail}errors {len(row['errors'])}",
+          flush=True)
+    return row
+
+
+CONFIGS = ("one-at-a-time", "batched", "plain", "llama-server")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--requests", type=int, default=2, help="requests per client")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--max-batch", type=int, default=4)
+    ap.add_argument("--configs", nargs="+", choices=CONFIGS, default=list(CONFIGS[:3]),
+                    help="server configurations to run, in this order (llama-server needs --llama-server)")
+    ap.add_argument("--llama-server", type=Path, default=None,
+                    help="llama.cpp's llama-server binary (built from the llama.cpp sources that llama-cpp-python "
+                         "vendors: cmake -DLLAMA_BUILD_SERVER=ON, target llama-server)")
+    ap.add_argument("--paired", type=int, default=0,
+                    help="then N prompts from one client, each with speculation on and off in turn, on the batched "
+                         "server (needs the configurations batched and plain)")
     ap.add_argument("--port", type=int, default=8765)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    if any(c < 1 or c > 64 for c in args.clients) or not 1 <= args.requests <= 20:
-        ap.error("--clients must be 1..64 and --requests 1..20 (a bounded load)")
+    if any(c < 1 or c > 64 for c in args.clients) or not 1 <= args.requests <= 20 or not 0 <= args.paired <= 48:
+        ap.error("--clients must be 1..64, --requests 1..20 and --paired 0..48 (a bounded load)")
+    if "llama-server" in args.configs and (args.llama_server is None or not args.llama_server.is_file()):
+        ap.error("the llama-server configuration needs --llama-server PATH to the built binary")
     prompts = [item["prompt"] for name in ("codegen", "codeedit", "chat") for item in load_prompts(name)]
-    configs = [("one-at-a-time", ["--max-batch", "1"], True),
-               (f"batched B={args.max_batch}", ["--max-batch", str(args.max_batch)], True),
-               (f"batched B={args.max_batch}, plain", ["--max-batch", str(args.max_batch)], False)]
+    b = str(args.max_batch)
+    known = {"one-at-a-time": ("one-at-a-time", ["--max-batch", "1"], True, None),
+             "batched": (f"batched B={b}", ["--max-batch", b], True, None),
+             "plain": (f"batched B={b}, plain", ["--max-batch", b], False, None),
+             "llama-server": (f"llama-server -np {b}", [], None,
+                              args.llama_server and llama_server_command(args.llama_server, args.port,
+                                                                         args.max_batch))}
+    # configurations that differ only in the per-request flag share one server process and
+    # alternate at each concurrency level, so a drift of the machine's speed between server
+    # runs does not masquerade as the difference between speculation on and off
+    sessions: dict[tuple, list[tuple[str, bool | None]]] = {}
+    for name, flags, speculative, cmd in (known[c] for c in args.configs):
+        sessions.setdefault((tuple(flags), tuple(cmd or ())), []).append((name, speculative))
     rows = []
-    for name, flags, speculative in configs:
-        server = Server(args.port, *flags)
+    for (flags, cmd), variants in sessions.items():
+        server = Server(args.port, *flags, cmd=list(cmd) or None)
+        ours = not cmd  # llama-server has no specdecode counters
         try:
             model = httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
-            load(server.url, model, prompts, 1, 1, 8, speculative)  # warm-up
+            load(server.url, model, prompts, 1, 1, 8, variants[0][1])  # warm-up
             for clients in args.clients:
-                before = counters(server.url)
-                row = {"config": name, **load(server.url, model, prompts, clients, args.requests, args.max_tokens,
-                                              speculative)}
-                after = counters(server.url)
-                d = {k: after[k] - before[k] for k in after}
-                rounds = max(1.0, d["specdecode_batch_size_count"])  # target passes
-                # the worker prefills between rounds (nothing else runs then): the rest is decoding
-                decode_s = row["wall_s"] - d["specdecode_prefill_seconds_total"]
-                row |= {"decode_tokens_per_s": d["specdecode_tokens_generated_total"] / max(decode_s, 1e-9),
-                        "prefill_share": d["specdecode_prefill_seconds_total"] / row["wall_s"],
-                        "mean_batch": d["specdecode_batch_size_sum"] / rounds,
-                        "mean_pass_tokens": d["specdecode_pass_tokens_sum"] / rounds,
-                        # rows are request-rounds: K per row = drafts per request-round
-                        "mean_k": d["specdecode_tokens_drafted_total"] / max(1.0, d["specdecode_rounds_total"]),
-                        "accepted_per_draft": d["specdecode_tokens_accepted_total"]
-                        / max(1.0, d["specdecode_tokens_drafted_total"])}
-                rows.append(row)
-                print(f"{name:28s} clients={clients:2d}  {row['tokens_per_s']:6.1f} tok/s  "
-                      f"decode {row['decode_tokens_per_s']:6.1f} tok/s (prefill {row['prefill_share']:.0%})  "
-                      f"latency p50 {row['latency_p50']:5.1f}s p95 {row['latency_p95']:5.1f}s  "
-                      f"ttft p50 {row['ttft_p50']:5.2f}s p95 {row['ttft_p95']:5.2f}s  batch {row['mean_batch']:4.1f} "
-                      f"pass {row['mean_pass_tokens']:5.1f} tok  K/row {row['mean_k']:4.2f}  "
-                      f"errors {len(row['errors'])}",
-                      flush=True)
+                for name, speculative in variants:
+                    rows.append(measure(server.url, model, prompts, name, clients, args, speculative, ours))
+            if args.paired and {True, False} <= {speculative for _, speculative in variants}:
+                rows.append(paired(server.url, model, prompts, args.paired, args.max_tokens))
+                print(f"paired A/B, 1 client, {args.paired} prompts: speculation on {rows[-1]['on_tokens_per_s']:.1f} "
+                      f"tok/s, off {rows[-1]['off_tokens_per_s']:.1f} tok/s: {rows[-1]['ratio']:.3f}x (median per "
+                      f"prompt {rows[-1]['median_prompt_ratio']:.3f}x)", flush=True)
         finally:
             server.stop()
     if args.out:

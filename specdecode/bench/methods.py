@@ -15,6 +15,7 @@ import torch
 
 from specdecode.backends.hf import HFModel
 from specdecode.core.probs import SamplingParams
+from specdecode.drafters import auto_drafters
 from specdecode.drafters.lookup import LookupDrafter
 from specdecode.drafters.model import ModelDrafter
 from specdecode.engine.config import GenerationConfig
@@ -81,20 +82,22 @@ def our_methods(target: HFModel, tokenizer, cheap_draft: HFModel | None, plain_d
         model = ModelDrafter(cheap_draft)
         methods += [make(f"model K={k}", [model], k) for k in k_sweep]
         methods.append(make("model adaptive", [model], None))
-        methods.append(make("auto adaptive", [LookupDrafter(), model], None))
+        methods.append(make("auto adaptive", auto_drafters(cheap_draft), None))
     if plain_draft is not None:
         methods.append(make("model adaptive, plain draft", [ModelDrafter(plain_draft)], None))
     methods.append(make("lookup adaptive", [LookupDrafter()], None))
-    for n in trees:  # draft trees: the chain of K plus up to n alternatives (all kept at a fixed K)
+    for n in trees:  # draft trees: the chain of K plus up to n extra nodes (all kept at a fixed K)
         if cheap_draft is not None:
             tree_model = ModelDrafter(cheap_draft, tree=n)
             methods += [make(f"model K={k}, tree {n}", [tree_model], k) for k in k_sweep]
+            # auto's tree: the draft model's, with prompt lookup's continuations as copies
+            methods += [make(f"auto K={k}, tree {n}", auto_drafters(cheap_draft, n), k) for k in k_sweep]
             methods.append(make(f"model adaptive, tree {n}", [tree_model], None))
-            methods.append(make(f"auto adaptive, tree {n}", [LookupDrafter(), tree_model], None))
+            methods.append(make(f"auto adaptive, tree {n}", auto_drafters(cheap_draft, n), None))
     for rule in verifications[1:]:
         if cheap_draft is not None:
             methods.append(make(f"model adaptive ({rule})", [ModelDrafter(cheap_draft)], None, rule))
-            methods.append(make(f"auto adaptive ({rule})", [LookupDrafter(), ModelDrafter(cheap_draft)], None, rule))
+            methods.append(make(f"auto adaptive ({rule})", auto_drafters(cheap_draft), None, rule))
         methods.append(make(f"lookup adaptive ({rule})", [LookupDrafter()], None, rule))
     return methods
 

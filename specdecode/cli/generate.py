@@ -67,9 +67,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-confidence", type=float, default=0.0,
                    help="end a draft early when the draft's top probability is below this (default 0 = off)")
     p.add_argument("--tree", type=non_negative_int, default=0,
-                   help="draft trees: up to N extra candidates per round where the draft is unsure (or the "
-                        "suffix drafter's other continuations), verified exactly in the same pass (adaptive K "
-                        "keeps those that pay); drafter model, auto or suffix; default 0 = chains")
+                   help="draft trees: up to N extra candidates per round where the draft is unsure (with "
+                        "auto, also prompt lookup's continuations of the draft's paths; with suffix, its other "
+                        "continuations), verified exactly in the same pass (adaptive K keeps those that pay); "
+                        "drafter model, auto or suffix; default 0 = chains")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:

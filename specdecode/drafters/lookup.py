@@ -58,12 +58,14 @@ class NgramIndex:
         """Where the most recent occurrence of `ngram` that has a following token ends (None: none)."""
         return self._last_end.get(ngram)
 
-    def propose(self, k: int) -> list[int]:
-        """Up to k tokens that followed the longest earlier match of the current suffix."""
+    def propose(self, k: int, path: Sequence[int] = ()) -> list[int]:
+        """Up to k tokens that followed the longest earlier match of the current suffix (of the
+        indexed tokens followed by `path`, draft tokens that are not indexed)."""
         k = min(k, self.config.max_proposal)
         L = len(self.tokens)
-        for n in range(min(self.config.max_n, L), self.config.min_n - 1, -1):
-            end = self._last_end.get(tuple(self.tokens[L - n:]))
+        tail = (self.tokens[-self.config.max_n:] + list(path))[-self.config.max_n:]
+        for n in range(min(self.config.max_n, len(tail)), self.config.min_n - 1, -1):
+            end = self._last_end.get(tuple(tail[len(tail) - n:]))
             if end is not None:
                 return self.tokens[end + 1: min(end + 1 + k, L)]
         return []
@@ -89,10 +91,14 @@ class LookupDrafter:
 
     def propose(self, context: Sequence[int], k: int, params: SamplingParams,
                 generator: torch.Generator) -> Proposal:
+        return Proposal(self.continuation(context, (), k), None)
+
+    def continuation(self, context: Sequence[int], path: Sequence[int], k: int) -> list[int]:
+        """What lookup proposes after context + path (path: draft tokens; only the context is indexed)."""
         if len(context) < len(self.index.tokens):  # not an extension: a new request without reset()
             self.reset()
         self.index.extend(context[len(self.index.tokens):])
-        return Proposal(self.index.propose(k) if k > 0 else [], None)
+        return self.index.propose(k, path) if k > 0 else []
 
     def fork(self) -> "LookupDrafter":
         return LookupDrafter(self.config)

@@ -28,6 +28,14 @@ taken. The slots are chosen from the chain alone, before any alternative is draw
 alternatives are drawn without replacement from q_i minus the chain's token (sampled), or are
 q_i's next most likely tokens (greedy: deterministic candidates, ranked by the raw
 distribution). They cost no draft step: the draft never runs on them.
+
+Copies (optional, `branches`: prompt lookup or the suffix drafter): at each depth of the chain,
+what the free drafter continues the path with (context plus the chain above) becomes a branch
+when it leaves the chain: its first token a deterministic sibling of the chain's token, the rest
+of the copy a chain below it, no deeper than K (lookup's text joins the draft model's tree, and
+the tree branches below a node the draft never ran on). A copy's nodes share its head's gain,
+reach_i * q_i(head) (a copy is right or wrong as a block); the head is taken out of the
+pool the alternatives of its depth are drawn from, so they never repeat it.
 """
 
 from __future__ import annotations
@@ -42,11 +50,17 @@ from specdecode.backends.protocol import Model
 from specdecode.core.probs import SamplingParams, logits_to_probs
 from specdecode.core.reproducible import sample_token
 from specdecode.core.tree import remove
-from specdecode.drafters.protocol import Proposal
+from specdecode.drafters.protocol import ContinuationSource, Proposal
+
+
+def _one_hot(like: torch.Tensor, x: int) -> torch.Tensor:
+    """The q of a deterministic candidate x: a one-hot row shaped like `like`."""
+    return torch.zeros_like(like).index_fill_(0, torch.tensor([x], device=like.device), 1.0)
 
 
 class ModelDrafter:
-    def __init__(self, model: Model, min_confidence: float = 0.0, tree: int = 0, min_gain: float = 0.02) -> None:
+    def __init__(self, model: Model, min_confidence: float = 0.0, tree: int = 0, min_gain: float = 0.02,
+                 branches: ContinuationSource | None = None) -> None:
         if not 0.0 <= min_confidence < 1.0:
             raise ValueError(f"min_confidence must be in [0, 1), got {min_confidence}")
         if isinstance(tree, bool) or not isinstance(tree, int) or tree < 0:
@@ -54,12 +68,15 @@ class ModelDrafter:
         self.model = model
         self.min_confidence = min_confidence
         self.tree, self.min_gain = tree, min_gain
+        self.branches = branches  # a free drafter whose continuations join the tree (module docstring)
         self.name = "model"
         self._fed: list[int] = []  # the tokens whose K/V the draft cache holds, in order
 
     def reset(self) -> None:
         self.model.truncate(0)
         self._fed = []
+        if self.branches is not None:
+            self.branches.reset()
 
     def propose(self, context: Sequence[int], k: int, params: SamplingParams,
                 generator: torch.Generator) -> Proposal:
@@ -94,44 +111,63 @@ class ModelDrafter:
             feed = [x]  # the last draft is not fed this round: the next sync catches it up
         step = (time.perf_counter() - t0) / max(1, len(tokens))
         if self.tree and tokens:
-            return self._with_alternatives(tokens, rows, ranks, len(context), params, generator, step)
+            return self._with_alternatives(context, tokens, rows, ranks, params, generator, step)
         return Proposal(tokens, torch.stack(rows) if rows else None, step_seconds=step)
 
-    def _with_alternatives(self, chain: list[int], rows: list[torch.Tensor], ranks: list[torch.Tensor],
-                           position: int, params: SamplingParams, generator: torch.Generator,
+    def _with_alternatives(self, context: Sequence[int], chain: list[int], rows: list[torch.Tensor],
+                           ranks: list[torch.Tensor], params: SamplingParams, generator: torch.Generator,
                            step: float) -> Proposal:
-        """The chain plus up to `tree` alternative candidates (module docstring) as a tree proposal:
-        nodes 0..K-1 are the chain, alternatives follow, each the sibling of chain node i at depth i."""
-        slots, reach = [], 1.0
-        for i, (x, rank) in enumerate(zip(chain, ranks)):  # gains from the chain alone
-            top = torch.topk(rank, min(self.tree + 1, rank.numel()))
-            others = [v for v, t in zip(top.values.tolist(), top.indices.tolist()) if t != x][:self.tree]
-            slots += [(reach * v, i) for v in others if reach * v >= self.min_gain]
+        """The chain plus up to `tree` extra nodes (module docstring) as a tree proposal: nodes
+        0..K-1 are the chain; each extra node is an alternative beside chain node i, or a node of
+        a copy (the branch source's continuation where it leaves the chain) and its descendants.
+
+        Every slot, its gain and each copy are decided from the chain alone, before any
+        alternative is drawn, so which nodes the cost model keeps never depends on a sampled
+        alternative's value. A copy's head is excluded from the sampled alternatives of its depth,
+        so they never duplicate it, and each alternative's q is the law it was drawn from."""
+        position = len(context)
+        slots, reach = [], 1.0  # (gain, order, depth i, copy node index or None for an alternative)
+        copies: list[list[int]] = []
+        for i, (x, rank) in enumerate(zip(chain, ranks)):
+            copy = self.branches.continuation(context, chain[:i], len(chain) - i) if self.branches else []
+            copies.append(copy if copy and copy[0] != x else [])
+            if copies[i]:  # every node of a copy stands or falls with its head: the head's gain
+                gain = reach * float(rank[copies[i][0]])
+                slots += [(gain, len(slots) + j, i, j) for j in range(len(copies[i])) if gain >= self.min_gain]
+            top = torch.topk(rank, min(self.tree + 2, rank.numel()))
+            others = [v for v, t in zip(top.values.tolist(), top.indices.tolist())
+                      if t != x and t not in copies[i][:1]][:self.tree]
+            slots += [(reach * v, len(slots) + n, i, None) for n, v in enumerate(others) if reach * v >= self.min_gain]
             reach *= float(top.values[0])
-        count, gains = [0] * len(chain), [[] for _ in chain]
-        for gain, i in sorted(slots, reverse=True)[:self.tree]:
-            count[i] += 1
-            gains[i].append(gain)
-        tokens, parents, q_rows, kept_gains = list(chain), list(range(-1, len(chain) - 1)), list(rows), []
-        for i, m in enumerate(count):
-            drawn = rows[i] if not params.greedy else ranks[i]
-            drawn = remove(drawn, chain[i])
-            for j in range(m):
-                if params.greedy:  # deterministic: the next most likely token, q one-hot
-                    x = int(drawn.argmax())
-                    q_x = torch.zeros_like(rows[i]).index_fill_(0, torch.tensor([x], device=rows[i].device), 1.0)
-                elif bool(drawn.sum() > 0):  # sampled without replacement from q_i minus what was drawn
-                    x, q_x = sample_token(drawn, generator, position + i, False), drawn
+        # the best slots; a copy's nodes tie with its head and follow it in order, so a kept node's parent is kept
+        chosen = sorted(slots, key=lambda s: (-s[0], s[1]))[:self.tree]
+        tokens, parents, q_rows, gains = list(chain), list(range(-1, len(chain) - 1)), list(rows), []
+        for i in range(len(chain)):
+            here = [s for s in chosen if s[2] == i]
+            if not here:
+                continue
+            pool = remove(rows[i] if not params.greedy else ranks[i], chain[i])
+            if any(s[3] is not None for s in here):
+                pool = remove(pool, copies[i][0])  # the copy's head is this depth's candidate, not the pool's
+            for gain, _, _, j in here:
+                if j is not None:  # the copy's j-th node: below the chain's node i - 1, then below its own
+                    x, q_x, parent = copies[i][j], _one_hot(rows[i], copies[i][j]), i - 1 if j == 0 else len(tokens) - 1
+                elif params.greedy:  # deterministic: the next most likely token, q one-hot
+                    x = int(pool.argmax())
+                    x, q_x, parent = x, _one_hot(rows[i], x), i - 1
+                elif bool(pool.sum() > 0):  # sampled without replacement from q_i minus what was drawn
+                    x, q_x, parent = sample_token(pool, generator, position + i, False), pool, i - 1
                 else:
-                    break
+                    continue
+                if j is None:
+                    pool = remove(pool, x)
                 tokens.append(x)
-                parents.append(i - 1)
+                parents.append(parent)
                 q_rows.append(q_x)
-                kept_gains.append(gains[i][j])
-                drawn = remove(drawn, x)
+                gains.append(gain)
         if len(tokens) == len(chain):
             return Proposal(chain, torch.stack(rows), step_seconds=step)
-        return Proposal(tokens, torch.stack(q_rows), step_seconds=step, parents=parents, gains=kept_gains)
+        return Proposal(tokens, torch.stack(q_rows), step_seconds=step, parents=parents, gains=gains)
 
     def lag(self, context: Sequence[int]) -> int:
         """Tokens of `context` this drafter would feed as a separate catch-up pass before drafting
@@ -142,7 +178,8 @@ class ModelDrafter:
     def fork(self) -> "ModelDrafter":
         """Another slot's draft: a sibling sequence of the draft model (its own cache). Its draft
         steps run per sequence, not batched across the slots (README, batching)."""
-        return ModelDrafter(self.model.sibling(), self.min_confidence, self.tree, self.min_gain)
+        return ModelDrafter(self.model.sibling(), self.min_confidence, self.tree, self.min_gain,
+                            None if self.branches is None else self.branches.fork())
 
     def observe(self, drafted: int, accepted: int) -> None:
         pass  # rollback happens lazily at the next sync, from the context itself

@@ -48,6 +48,20 @@ class Proposal:
                         [index[self.parents[j]] for j in keep], [self.gains[i] for i in sorted(best)])
 
 
+class ContinuationSource(Protocol):
+    """A deterministic drafter that can continue any path below the context (prompt lookup, the
+    suffix drafter): the draft model hangs its continuations in its tree as branches."""
+
+    name: str
+
+    def reset(self) -> None: ...
+
+    def continuation(self, context: Sequence[int], path: Sequence[int], k: int) -> list[int]:
+        """Up to k tokens continuing context + path (path: draft tokens, not part of the text)."""
+
+    def fork(self) -> "ContinuationSource": ...
+
+
 class Drafter(Protocol):
     name: str
 

@@ -118,20 +118,26 @@ class SuffixDrafter:
 
     def propose(self, context: Sequence[int], k: int, params: SamplingParams,
                 generator: torch.Generator) -> Proposal:
-        if len(context) < len(self.live) or (self.live and context[len(self.live) - 1] != self.live[-1]):
-            self.reset()  # not an extension of what we indexed: a new request without reset()
-        start = len(self.live)
-        self.live.extend(context[start:])
-        self.index.add(self.live, start)
+        self._sync(context)
         k = min(k, self.config.max_proposal)
         steps = self._walk(self.live[-self.config.max_n:], k)
         if self.tree and steps:
             return self._with_branches(steps, k)
         return Proposal([token for token, _, _ in steps], None)
 
-    def draft(self, context: Sequence[int], k: int) -> list[int]:
-        """The chain: up to k most frequent continuations while the score holds."""
-        return [token for token, _, _ in self._walk(list(context[-self.config.max_n:]), k)]
+    def continuation(self, context: Sequence[int], path: Sequence[int], k: int) -> list[int]:
+        """The chain after context + path (path: draft tokens; only the context is counted)."""
+        self._sync(context)
+        tail = (self.live[-self.config.max_n:] + list(path))[-self.config.max_n:]
+        return [token for token, _, _ in self._walk(tail, min(k, self.config.max_proposal))]
+
+    def _sync(self, context: Sequence[int]) -> None:
+        """Count the context's new tokens (a context that does not extend the live text starts a request)."""
+        if len(context) < len(self.live) or (self.live and context[len(self.live) - 1] != self.live[-1]):
+            self.reset()  # not an extension of what we indexed: a new request without reset()
+        start = len(self.live)
+        self.live.extend(context[start:])
+        self.index.add(self.live, start)
 
     def _walk(self, tail: list[int], k: int) -> list[tuple[int, list[int], float]]:
         """Greedy steps from `tail`: (token, the tail it continues, the score before it) each."""

@@ -10,6 +10,7 @@ from transformers import PreTrainedTokenizerBase
 from specdecode.backends.hf import resolve_device, resolve_dtype
 from specdecode.backends.protocol import Model
 from specdecode.core.probs import SamplingParams
+from specdecode.drafters import auto_drafters
 from specdecode.drafters.lookup import LookupDrafter
 from specdecode.drafters.model import ModelDrafter
 from specdecode.drafters.protocol import Drafter
@@ -99,7 +100,8 @@ class SpeculativeDecoder:
         pools in one process slow each other down.
         drafter: "model" (draft model), "lookup" (prompt lookup, no draft model), "suffix" (frequency-
         scored continuations of the prompt, the output and earlier requests' texts; no draft model),
-        or "auto" (lookup when it finds a match, else the draft model).
+        or "auto" (lookup when it finds a match, else the draft model; with a tree, the draft model's
+        tree with lookup's continuations as copies, else lookup: `drafters.auto_drafters`).
         dtype: transformers only (llama.cpp runs the GGUF's own quantised weights).
         draft_int8 / draft_vocab: make a transformers draft cheaper (exactness is unaffected; see
         backends/cheap.py). None = the measured default for the device.
@@ -108,7 +110,8 @@ class SpeculativeDecoder:
         tree: up to this many extra draft-tree nodes per round (alternative candidates where the draft
         is unsure, or the suffix drafter's other continuations, verified exactly by the multi-candidate
         rule, core/tree.py); adaptive K keeps only those its cost model says pay. 0 = chains. Needs
-        drafter model, auto (the draft model's tree) or suffix.
+        drafter model, auto (the draft model's tree, with prompt lookup's continuations of its
+        paths as copies) or suffix.
         threads / n_ctx: llama.cpp only (0 = the machine's cores / the model's context; with
         max_batch > 1 the context of each sequence, by default 32768 tokens shared out).
         max_batch: sequences decoded at once by `generate_many`/`stream_many` and the server
@@ -147,7 +150,7 @@ class SpeculativeDecoder:
         target_model, tokenizer = load_model(target, "target", torch_dtype, device, progress=progress,
                                              backend=backend, llama_settings=settings)
         drafters: list[Drafter] = []
-        if speculative and drafter in ("auto", "lookup"):
+        if speculative and drafter == "lookup":
             drafters.append(LookupDrafter())
         if speculative and drafter == "suffix":
             drafters.append(SuffixDrafter(tree=tree))
@@ -158,7 +161,8 @@ class SpeculativeDecoder:
             check_compatible(target_model, tokenizer, draft_model, draft_tokenizer)
             if draft_backend == "transformers":
                 make_cheaper(draft_model, tokenizer, device, draft_int8, draft_vocab)
-            drafters.append(ModelDrafter(draft_model, min_confidence=draft_confidence, tree=tree))
+            drafters += auto_drafters(draft_model, tree, draft_confidence) if drafter == "auto" else \
+                [ModelDrafter(draft_model, min_confidence=draft_confidence, tree=tree)]
         store = CalibrationStore(cache_dir() / "calibration")
         return cls(target_model, tokenizer, drafters, calibration=store, recalibrate=recalibrate,
                    max_batch=max_batch)

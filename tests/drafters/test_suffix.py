@@ -89,7 +89,7 @@ def test_incremental_counts_equal_counts_from_scratch(tokens, steps):
     scratch = ContinuationCounts(config)
     scratch.add(tokens)
     assert drafter.index.counts == scratch.counts
-    assert drafter.draft(tokens, 5) == SuffixDrafter(config).propose(tokens, 5, GREEDY, torch.Generator()).tokens
+    assert drafter.continuation(tokens, (), 5) == SuffixDrafter(config).propose(tokens, 5, GREEDY, torch.Generator()).tokens
 
 
 def test_bad_config():

@@ -1,8 +1,8 @@
 """Draft trees through the engine (transformers backend, tiny models built in-process).
 
-- Greedy: with a tree drafter (the draft model's, the suffix drafter's) the output is token for
-  token the plain output (float64), and alternatives won rounds (so the tree path, accept_path
-  included, was exercised).
+- Greedy: with a tree drafter (the draft model's, with and without prompt lookup's copies; the
+  suffix drafter's) the output is token for token the plain output (float64), and alternatives
+  (copies) won rounds (so the tree path, accept_path included, was exercised).
 - Sampled: the engine chi-square of the first two tokens (false-failure probability 1e-3 per
   test at fixed seeds) with each tree drafter (sampled candidates; deterministic ones); its
   negative control verifies the tree with a residual that keeps rejected candidates, and must fail.
@@ -19,6 +19,7 @@ import torch
 
 from specdecode.core import tree as tree_rule
 from specdecode.core.probs import SamplingParams
+from specdecode.drafters.lookup import LookupDrafter
 from specdecode.drafters.model import ModelDrafter
 from specdecode.drafters.suffix import SuffixConfig, SuffixDrafter
 from specdecode.engine.config import GenerationConfig
@@ -55,19 +56,20 @@ def test_hf_tree_pass_equals_chains_and_keeps_the_path():
     assert torch.allclose(after, target.forward(prefix + [9, 10, 13, 14], 1)[0], atol=1e-10)
 
 
-def test_greedy_tree_output_is_the_plain_output():
+@pytest.mark.parametrize("copies", [False, True], ids=["alternatives", "with-lookup-copies"])
+def test_greedy_tree_output_is_the_plain_output(copies):
     target, draft = tiny_pair(seed=1, noise=0.3, dtype=torch.float64)
     greedy = SamplingParams(temperature=0.0)
     won, nodes = 0, 0
     for prompt in ([3, 4, 5, 3, 4], [10, 11, 12, 13], [7, 7, 8, 9, 7, 7]):
         plain, _ = run(target, [], prompt, GenerationConfig(max_new_tokens=40, sampling=greedy))
         for k in (2, 4):
-            spec, stats = run(target, [ModelDrafter(draft, tree=4)], prompt,
-                              GenerationConfig(max_new_tokens=40, sampling=greedy, k=k))
+            drafter = ModelDrafter(draft, tree=4, branches=LookupDrafter() if copies else None)
+            spec, stats = run(target, [drafter], prompt, GenerationConfig(max_new_tokens=40, sampling=greedy, k=k))
             assert spec == plain, (prompt, k)
             won += stats.off_chain_rounds
             nodes += sum(r.tree_nodes for r in stats.rounds)
-    assert nodes > 0 and won > 0  # trees were verified, and alternatives won rounds
+    assert nodes > 0 and won > 0  # trees were verified, and alternatives (copies) won rounds
 
 
 # in this earlier request (1, 2) continued 0, 5 and 4, once each; PROMPT's own 3 is the latest of
@@ -84,6 +86,25 @@ def suffix_tree(draft=None) -> SuffixDrafter:
 
 def model_tree(draft) -> ModelDrafter:
     return ModelDrafter(draft, tree=3, min_gain=0.0)
+
+
+def model_tree_with_copies(draft) -> ModelDrafter:
+    """The draft model's tree with prompt lookup's continuations as copies (after PROMPT lookup
+    continues 3, 4, ...: a deterministic sibling of the draft's sampled token where it is not 3,
+    and a chain below it). 12 extra nodes hold every alternative of V = 6 at K = 2 and the copies."""
+    return ModelDrafter(draft, tree=12, min_gain=0.0, branches=LookupDrafter())
+
+
+def test_copies_are_in_the_trees_the_exactness_test_verifies(pair):
+    _, draft = pair
+    drafter = model_tree_with_copies(draft)
+    with_copy = 0
+    for seed in range(50):
+        drafter.reset()
+        proposal = drafter.propose(PROMPT, 2, SamplingParams(), torch.Generator().manual_seed(seed))
+        root_children = [j for j, parent in enumerate(proposal.parents or []) if parent == -1]
+        with_copy += any(proposal.tokens[j] == 3 and float(proposal.q[j, 3]) == 1.0 for j in root_children[1:])
+    assert with_copy >= 10, with_copy
 
 
 def tree_p_value(target, draft, params, make_drafter=model_tree, n=1500, k=2):
@@ -109,7 +130,13 @@ def test_suffix_tree_is_exact(pair):
     assert tree_p_value(target, draft, SamplingParams(), suffix_tree) > 1e-3
 
 
-@pytest.mark.parametrize("make_drafter", [model_tree, suffix_tree], ids=["model", "suffix"])
+def test_model_tree_with_copies_is_exact(pair):
+    target, draft = pair
+    assert tree_p_value(target, draft, SamplingParams(), model_tree_with_copies) > 1e-3
+
+
+@pytest.mark.parametrize("make_drafter", [model_tree, suffix_tree, model_tree_with_copies],
+                         ids=["model", "suffix", "model-with-copies"])
 def test_tree_negative_control_fails(pair, monkeypatch, make_drafter):
     """The same test with a residual that keeps rejected candidates' mass must fail."""
     monkeypatch.setattr(tree_rule, "residual", lambda r, q_c, x: r)
