@@ -84,6 +84,7 @@ class LookupDrafter:
     def __init__(self, config: LookupConfig = LookupConfig()) -> None:
         self.config = config
         self.name = "lookup"
+        self.free = True  # no model; q one-hot (drafters/protocol.py)
         self.index = NgramIndex(config)
 
     def reset(self) -> None:

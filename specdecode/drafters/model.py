@@ -70,6 +70,7 @@ class ModelDrafter:
         self.tree, self.min_gain = tree, min_gain
         self.branches = branches  # a free drafter whose continuations join the tree (module docstring)
         self.name = "model"
+        self.free = False  # each guess is a draft-model step
         self._fed: list[int] = []  # the tokens whose K/V the draft cache holds, in order
 
     def reset(self) -> None:

@@ -64,6 +64,10 @@ class ContinuationSource(Protocol):
 
 class Drafter(Protocol):
     name: str
+    # free: proposing runs no model and q is one-hot (prompt lookup, the suffix drafter). In rounds
+    # where adaptive K gives it K = 0 the loop still asks for its first token, and the target's p
+    # there tells the policy how often it would have been accepted. Absent = False.
+    free: bool
 
     def reset(self) -> None:
         """A new request starts: forget its state (a drafter may keep a bounded history of earlier requests)."""

@@ -98,6 +98,7 @@ class SuffixDrafter:
         self.config = config
         self.tree = tree
         self.name = "suffix"
+        self.free = True  # no model; q one-hot (drafters/protocol.py)
         self.index = ContinuationCounts(config)
         self.history: deque[list[int]] = deque()  # earlier requests' texts, counted in the index
         self.history_size = 0  # tokens in `history`

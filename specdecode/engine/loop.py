@@ -224,15 +224,15 @@ def speculative_round(target: Model, drafters: Seq[Drafter], policy: KPolicy, co
 
 def speculative_rounds(jobs: Seq[RoundJob]) -> list[RoundOutcome]:
     """One round for each job: each drafts, one pass verifies them all, each is verified alone."""
-    rows, drafts_of, timing = [], [], []
+    rows, drafts_of, shadows, timing = [], [], [], []
     tokens, expected = 0, 0.0  # what the rows drafted so far put into the pass and are expected to emit
     for i, job in enumerate(jobs):
         room = job.target.max_length - job.target.length - 1  # positions left after `pending`
         later = len(jobs) - i - 1  # rows still to draft: one token each, for now
         load = BatchLoad(tokens + later, expected + later) if len(jobs) > 1 else ALONE
         t0 = time.perf_counter()
-        drafter, proposal = _draft(job.drafters, job.policy, job.context, min(job.k_cap, room), job.params,
-                                   job.generator, load)
+        drafter, proposal, shadow = _draft(job.drafters, job.policy, job.context, min(job.k_cap, room), job.params,
+                                           job.generator, load)
         k = len(proposal.tokens) if proposal is not None else 0  # the chain's K (a tree's alternatives aside)
         if proposal is not None and proposal.parents is not None:
             k = len(DraftTree(proposal.tokens, proposal.parents).main_chain())
@@ -252,21 +252,25 @@ def speculative_rounds(jobs: Seq[RoundJob]) -> list[RoundOutcome]:
             padding = [drafts[-1]] * (size - len(drafts) - 1) if drafts else []  # ignored positions
             rows.append(Row(job.target, [job.context[-1]] + drafts + padding, size))
         drafts_of.append((drafter, proposal))
+        shadows.append(shadow)
         timing.append(t_draft)
         tokens += size
         expected += job.policy.expected_tokens(drafter.name, k) if drafts else 1.0  # (alternatives: no prior)
     t1 = time.perf_counter()
     logits_of = forward_batch(rows)
     t_pass = time.perf_counter() - t1
-    return [_verify_row(job, drafter, proposal, logits, t_draft, t_pass, size, tokens)
-            for job, (drafter, proposal), logits, t_draft, (_, _, size, _)
-            in zip(jobs, drafts_of, logits_of, timing, rows)]
+    return [_verify_row(job, drafter, proposal, logits, t_draft, t_pass, size, tokens, shadow)
+            for job, (drafter, proposal), shadow, logits, t_draft, (_, _, size, _)
+            in zip(jobs, drafts_of, shadows, logits_of, timing, rows)]
 
 
 def _verify_row(job: RoundJob, drafter: Drafter | None, proposal: Proposal | None, logits: torch.Tensor,
-                t_draft: float, t_pass: float, size: int, pass_tokens: int) -> RoundOutcome:
+                t_draft: float, t_pass: float, size: int, pass_tokens: int,
+                shadow: tuple[str, int] | None = None) -> RoundOutcome:
     drafts = proposal.tokens if proposal else []
     p = logits_to_probs(logits[: len(drafts) + 1], job.params)
+    if shadow is not None:  # p[0] judges the first new token whoever drafted: a one-hot x passes with p(x)
+        job.policy.observe_shadow(shadow[0], float(p[0, shadow[1]]))
     position = len(job.context)  # of the round's first new token, in the whole sequence
     if proposal is not None and proposal.parents is not None:
         return _verify_tree_row(job, drafter, proposal, p, t_draft, t_pass, size, pass_tokens)
@@ -326,20 +330,27 @@ def _verify_tree_row(job: RoundJob, drafter: Drafter, proposal: Proposal, p: tor
 
 
 def _draft(drafters: Seq[Drafter], policy: KPolicy, context: list[int], k_cap: int, params: SamplingParams,
-           generator: torch.Generator, load: BatchLoad = ALONE) -> tuple[Drafter | None, Proposal | None]:
-    """Ask the drafters in order; the first non-empty proposal (cut to K) wins."""
+           generator: torch.Generator, load: BatchLoad = ALONE
+           ) -> tuple[Drafter | None, Proposal | None, tuple[str, int] | None]:
+    """Ask the drafters in order; the first non-empty proposal (cut to K) wins. Also returns the
+    shadow: (name, token) of the first free drafter given K = 0, and the token it would have
+    drafted first (the policy learns its acceptance from the target's p at no cost)."""
+    shadow = None
     for drafter in drafters:
         lag = getattr(drafter, "lag", None)  # tokens a stateful drafter must catch up on first
         k = min(policy.choose(drafter.name, lag(context) if lag else 0, load), k_cap)
         if k < 1:
+            if shadow is None and k_cap >= 1 and getattr(drafter, "free", False):
+                guess = drafter.propose(context, 1, params, generator).tokens  # no model, no randomness
+                shadow = (drafter.name, guess[0]) if guess else None
             continue
         proposal = drafter.propose(context, k, params, generator)
         if proposal.tokens and proposal.parents is not None:  # a tree (its chain already within k)
-            return drafter, proposal
+            return drafter, proposal, shadow
         if proposal.tokens:
             q = None if proposal.q is None else proposal.q[:k]
-            return drafter, Proposal(proposal.tokens[:k], q, proposal.step_seconds)
-    return None, None
+            return drafter, Proposal(proposal.tokens[:k], q, proposal.step_seconds), shadow
+    return None, None, shadow
 
 
 def calibrate(policy: KPolicy, target: Model, drafters: Seq[Drafter], prompt: Seq[int],

@@ -10,7 +10,11 @@ curve (`core.theory.CostModel`). It estimates:
   once in interleaved sweeps (`calibrate`, at the first request) and then kept fixed;
 - alpha per drafter, a running estimate from per-position accepted/tested counts with
   a Beta-like prior (so early rounds behave) and exponential forgetting (so it tracks
-  the text), restarted at every request (`begin`).
+  the text), restarted at every request (`begin`). A free drafter (prompt lookup, the
+  suffix drafter: no model, one-hot q) also reports the first token it would have
+  drafted in rounds where it did not draft; the target's p there is the probability the
+  rule would have accepted it, so its estimate keeps tracking the text at no cost,
+  where the draft model must be re-tested with real drafts now and then.
 Keeping the timings fixed and the acceptance state per request makes K a function of
 the request's own outcomes, so a seed reproduces its sample within a process
 (`track_costs=True` keeps refining the timings online instead, at that price).
@@ -71,6 +75,11 @@ class KPolicy(Protocol):
                 t_verify: float) -> None:
         """Learn from one round."""
 
+    def observe_shadow(self, drafter: str, accept_probability: float) -> None:
+        """Learn from a free drafter's first token that was not drafted: the target's p at that
+        position gives the probability the rule would have accepted it (a one-hot q accepts x
+        with probability p(x))."""
+
     def wants_calibration(self) -> bool:
         """True until the target's cost curve has been measured."""
 
@@ -106,6 +115,9 @@ class FixedK:
                 t_verify: float) -> None:
         pass
 
+    def observe_shadow(self, drafter: str, accept_probability: float) -> None:
+        pass
+
     def wants_calibration(self) -> bool:
         return False
 
@@ -120,6 +132,7 @@ class _DrafterState:
     accepted: float = 0.0
     tested: float = 0.0
     rounds_since_tried: int = 0
+    shadowed: bool = False  # it reports what it would have drafted: never re-tested with real drafts
 
 
 @dataclass
@@ -204,7 +217,7 @@ class AdaptiveK:
         s = self._state(drafter)
         best = lambda alpha: self._best_k(drafter, alpha, lag, load)  # noqa: E731
         k = best(self.alpha(drafter))
-        if k == 0 and s.rounds_since_tried >= self.explore_every and best(self.explore_alpha):
+        if k == 0 and not s.shadowed and s.rounds_since_tried >= self.explore_every and best(self.explore_alpha):
             return 1  # re-test now and then: the text may have become easier to draft
         return k
 
@@ -253,6 +266,16 @@ class AdaptiveK:
         s.tested = self.forget * s.tested + min(accepted + 1, drafted)
         if self.track_costs:
             self._track(self.t_step, drafter, t_draft / drafted)
+
+    def observe_shadow(self, drafter: str, accept_probability: float) -> None:
+        """Evidence at no cost, in place of re-testing: one tested position, accepted with this
+        probability (its expectation; the estimate is a mean). A drafter that reports shadows is
+        never re-tested at the price of a pass (`explore_every` is for drafters whose guesses
+        cost something to see: the draft model)."""
+        s = self._state(drafter)
+        s.accepted = self.forget * s.accepted + accept_probability
+        s.tested = self.forget * s.tested + 1
+        s.shadowed = True
 
     def wants_calibration(self) -> bool:
         return not self.t_verify or any(n not in self.t_verify for n in self.batch_sizes)

@@ -76,6 +76,87 @@ def test_never_explores_a_drafter_that_cannot_pay_even_when_right():
     assert set(simulate(AdaptiveK(k_max=8, explore_every=16), 0.9, 0.5, lambda n: 1.0, 400)[-100:]) - {0}
 
 
+def simulate_free(policy: AdaptiveK, alphas: list[float], shadows: bool = True, seed: int = 0) -> list[int]:
+    """A free drafter (prompt lookup) on a steep curve (break-even alpha ~0.8 at K = 1), its acceptance
+    alphas[i] in round i: when K = 0 it reports a shadow (accepted with probability alpha: the target's
+    p of its token), unless `shadows` is off (the policy then only learns from rounds it drafts)."""
+    rng = random.Random(seed)
+    policy.calibrate(lambda n: 1.0 + 0.8 * (n - 1), {"lookup": lambda: 0.001})
+    chosen = []
+    for alpha in alphas:
+        k = policy.choose("lookup")
+        n = 0
+        while n < k and rng.random() < alpha:
+            n += 1
+        if k == 0 and shadows:
+            policy.observe_shadow("lookup", alpha)
+        policy.observe("lookup" if k else "none", k, n, 0.001 * k, k + 1, 1.0 + 0.8 * k)
+        chosen.append(k)
+    return chosen
+
+
+def test_a_free_drafter_is_learned_from_shadows_and_never_re_tested():
+    """Lookup on fresh text (acceptance 0.3, below break-even) then on copied text (0.97). With shadows
+    it never drafts on the fresh text (no re-test rounds) and is back to drafting every round within
+    100 rounds of the copy starting; the control without shadows pays ~18 re-tests on the fresh text
+    and, its estimate frozen between them, drafts far less on the copy."""
+    alphas = [0.3] * 300 + [0.97] * 200
+    shadowed = AdaptiveK(k_max=8, explore_every=16)
+    chosen = simulate_free(shadowed, alphas)
+    blind = simulate_free(AdaptiveK(k_max=8, explore_every=16), alphas, shadows=False)
+    assert sum(k > 0 for k in chosen[:300]) == 0 and shadowed.drafters["lookup"].shadowed
+    assert sum(k > 0 for k in blind[:300]) >= 10
+    assert all(k > 0 for k in chosen[400:])
+    assert sum(chosen[300:]) >= 2 * sum(blind[300:])
+
+
+class RecordingK(AdaptiveK):
+    def observe_shadow(self, drafter: str, accept_probability: float) -> None:
+        self.shadows.append((drafter, accept_probability))
+        super().observe_shadow(drafter, accept_probability)
+
+
+def test_the_loop_reports_a_skipped_lookup_guess_with_the_targets_p_of_it():
+    """Through the engine (greedy, a tiny float64 pair): in every round where lookup had a guess but K
+    was 0, the policy hears p(guess) from the round's own pass: 1 exactly when the target emitted it."""
+    import torch
+
+    from specdecode.core.probs import SamplingParams
+    from specdecode.drafters.lookup import LookupConfig, LookupDrafter, lookup
+    from specdecode.engine.config import GenerationConfig
+    from specdecode.engine.loop import TARGET, generate_tokens
+    from tests.tiny import tiny_pair
+
+    target, _ = tiny_pair(seed=1, dtype=torch.float64)
+    policy = RecordingK(k_max=4, prior_alpha=0.5)  # below break-even on the curve below: K stays 0
+    policy.shadows = []
+    policy.load_costs({"t_verify": {str(n): 1.0 + 0.9 * (n - 1) for n in range(1, 6)}, "t_step": {"lookup": 1e-4}})
+    prompt = [3, 4, 5, 6, 3, 4, 5, 6, 3, 4]
+    config = LookupConfig(min_n=1, max_n=3)  # a guess in nearly every round
+    context, checked = list(prompt), 0
+    for rnd in generate_tokens(target, [LookupDrafter(config)], prompt, GenerationConfig(max_new_tokens=60,
+                               sampling=SamplingParams(temperature=0.0), k=None), frozenset(), policy=policy):
+        guess = lookup(context, 1, config)
+        room = 60 - (len(context) - len(prompt)) > 1  # the last token of the budget has no room for a draft
+        if rnd.sources == [TARGET] and guess and room:
+            name, probability = policy.shadows[checked]
+            assert name == "lookup" and probability == float(guess[0] == rnd.tokens[0])
+            checked += 1
+        context += rnd.tokens
+    assert checked == len(policy.shadows) >= 10
+    assert {p for _, p in policy.shadows} == {0.0, 1.0}  # right and wrong guesses were both heard
+
+
+def test_shadow_evidence_moves_the_estimate_as_a_round_would():
+    policy = AdaptiveK(k_max=8)
+    for _ in range(200):
+        policy.observe_shadow("lookup", 0.9)
+    assert policy.alpha("lookup") == pytest.approx(0.9, abs=0.01)
+    policy.begin()
+    assert policy.alpha("lookup") == pytest.approx(policy.prior_alpha)
+    assert not FixedK(3).observe_shadow("lookup", 0.5)  # FixedK ignores it (returns None)
+
+
 def test_pads_to_a_cheaper_shape():
     times = {1: 1.0, 2: 1.0, 3: 1.5, 4: 1.1, 5: 1.2}
     policy = AdaptiveK(k_max=4)
