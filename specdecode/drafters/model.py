@@ -155,7 +155,7 @@ class ModelDrafter:
                     x, q_x, parent = copies[i][j], _one_hot(rows[i], copies[i][j]), i - 1 if j == 0 else len(tokens) - 1
                 elif params.greedy:  # deterministic: the next most likely token, q one-hot
                     x = int(pool.argmax())
-                    x, q_x, parent = x, _one_hot(rows[i], x), i - 1
+                    q_x, parent = _one_hot(rows[i], x), i - 1
                 elif bool(pool.sum() > 0):  # sampled without replacement from q_i minus what was drawn
                     x, q_x, parent = sample_token(pool, generator, position + i, False), pool, i - 1
                 else:

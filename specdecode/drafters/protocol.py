@@ -66,7 +66,8 @@ class Drafter(Protocol):
     name: str
     # free: proposing runs no model and q is one-hot (prompt lookup, the suffix drafter). In rounds
     # where adaptive K gives it K = 0 the loop still asks for its first token, and the target's p
-    # there tells the policy how often it would have been accepted. Absent = False.
+    # there tells the policy how often it would have been accepted. A free drafter is also a
+    # ContinuationSource (the loop asks `continuation(context, (), 1)`). Absent = False.
     free: bool
 
     def reset(self) -> None:

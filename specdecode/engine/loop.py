@@ -341,7 +341,7 @@ def _draft(drafters: Seq[Drafter], policy: KPolicy, context: list[int], k_cap: i
         k = min(policy.choose(drafter.name, lag(context) if lag else 0, load), k_cap)
         if k < 1:
             if shadow is None and k_cap >= 1 and getattr(drafter, "free", False):
-                guess = drafter.propose(context, 1, params, generator).tokens  # no model, no randomness
+                guess = drafter.continuation(context, (), 1)  # its chain's first token; no tree, no model
                 shadow = (drafter.name, guess[0]) if guess else None
             continue
         proposal = drafter.propose(context, k, params, generator)
