@@ -88,6 +88,9 @@ def test_errors_are_clear(model):
         model.truncate(model.length + 1)
     with pytest.raises(ValueError, match="does not exist"):
         LlamaWeights("/nonexistent/model.gguf")
+    # llama.cpp would abort the process (an output slot per sequence id) instead of raising
+    with pytest.raises(ValueError, match="n_batch=8 is below the context's 9 sequence ids"):
+        LlamaCppModel(model.weights, LlamaSettings(n_ctx=256, n_batch=8, tree_leaves=8))
 
 
 @pytest.fixture(scope="module")
