@@ -76,13 +76,17 @@ def new_sequence(slot: Slot, prompt: Seq[int], config: GenerationConfig, eos_ids
                     stats if stats is not None else GenerationStats(), speculative)
 
 
-def start(seq: Sequence) -> None:
-    """Prefill the sequence's slot (calibrating an uncalibrated adaptive policy first)."""
+def start(seq: Sequence, cached: Seq[int] = ()) -> None:
+    """Prefill the sequence's slot (calibrating an uncalibrated adaptive policy first).
+
+    cached: the token ids whose K/V the slot's target holds from its last request (a prefix
+    cache): the prompt's longest common prefix with them is kept, not recomputed."""
     seq.stats.prompt_tokens = len(seq.prompt)
     t0 = time.perf_counter()
     if seq.drafters and seq.policy.wants_calibration():
         calibrate(seq.policy, seq.slot.target, seq.drafters, seq.prompt, seq.config.sampling)
-    prefill(seq.slot.target, seq.slot.drafters, seq.prompt)
+        cached = seq.prompt[:-1]  # what the calibration left in the cache
+    prefill(seq.slot.target, seq.slot.drafters, seq.prompt, common_prefix(cached, seq.prompt[:-1]))
     seq.policy.begin()
     _claim(seq)
     seq.stats.t_prefill = time.perf_counter() - t0
@@ -172,15 +176,30 @@ def _check_owner(seq: Sequence) -> None:
                            f"time; use a decoder per concurrent stream, or generate_many for a batch")
 
 
-def prefill(target: Model, drafters: Seq[Drafter], prompt: Seq[int]) -> int:
-    """Start a sequence: empty caches, then the prompt minus its last token (the first `pending`)
-    into the target. Returns the target's cache length, to restore the prefix later by truncating."""
-    target.truncate(0)
+def prefill(target: Model, drafters: Seq[Drafter], prompt: Seq[int], keep: int = 0) -> int:
+    """Start a sequence: the target's cache cut to its first `keep` cells (which must hold
+    prompt[:keep]: a reused prefix), drafters emptied, then the rest of the prompt minus its last
+    token (the first `pending`) into the target. Returns the target's cache length, to restore
+    the prefix later by truncating."""
+    if not 0 <= keep <= min(target.length, len(prompt) - 1):
+        raise ValueError(f"cannot keep {keep} cached tokens of a {len(prompt)}-token prompt "
+                         f"({target.length} in the cache)")
+    target.truncate(keep)
     for d in drafters:
         d.reset()
-    if len(prompt) > 1:
-        target.forward(list(prompt[:-1]), n_logits=1)
+    if len(prompt) - 1 > keep:
+        target.forward(list(prompt[keep:-1]), n_logits=1)
     return target.length
+
+
+def common_prefix(a: Seq[int], b: Seq[int]) -> int:
+    """How many leading tokens a and b share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 @dataclass(frozen=True, slots=True)

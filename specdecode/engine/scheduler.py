@@ -16,7 +16,7 @@ from typing import Hashable, Iterator, Sequence
 
 from specdecode.engine.config import GenerationConfig
 from specdecode.engine.decoder import Chunk, Generation, SpeculativeDecoder, TextAssembler
-from specdecode.engine.loop import start, step
+from specdecode.engine.loop import common_prefix, start, step
 from specdecode.engine.sequence import Sequence as Seq, Slot
 from specdecode.engine.stats import GenerationStats
 
@@ -36,6 +36,9 @@ class Scheduler:
             raise ValueError(f"prefill_tokens must be >= 1, got {prefill_tokens}")
         self.decoder, self.prefill_tokens = decoder, prefill_tokens
         self.free: list[Slot] = list(decoder.slots)
+        # a prefix cache: the token ids whose K/V each free slot's target still holds (its last request's),
+        # with that request's sequence (still the cache's owner unless something else used the target since)
+        self.cached: dict[int, tuple[Seq, list[int]]] = {}
         self.running: list[Active] = []
         self._prefilled = 0  # prompt tokens admitted since the last round
 
@@ -51,11 +54,14 @@ class Scheduler:
         for a request that cannot run (e.g. a prompt longer than the context), slot kept free."""
         if not self.free:
             raise RuntimeError("no free slot: check can_admit() first")
-        slot = self.free.pop(0)
+        # the free slot that holds the longest prefix of this prompt (a repeated system prompt, the
+        # earlier turns of a chat): that much prefill is skipped
+        slot = max(self.free, key=lambda s: common_prefix(self._cached(s), ids[:-1]))
+        self.free.remove(slot)
         try:
             seq = self.decoder.sequence(slot, ids, config, stats if stats is not None else GenerationStats(),
                                         speculative)
-            start(seq)
+            start(seq, self._cached(slot))
         except BaseException:
             self._free(slot)
             raise
@@ -73,7 +79,7 @@ class Scheduler:
             rounds = step([a.seq for a in batch])
         except BaseException:
             for a in batch:
-                self.release(a)
+                self.release(a, failed=True)
             raise
         out = []
         for a, rnd in zip(batch, rounds):
@@ -87,14 +93,31 @@ class Scheduler:
             out.append((a, chunks))
         return out
 
-    def release(self, active: Active) -> None:
-        """Drop a request (ended, or its client left) and free its slot's caches."""
+    def release(self, active: Active, failed: bool = False) -> None:
+        """Drop a request (ended, or its client left) and free its slot; the target keeps the
+        request's context for a later prompt that starts the same way, unless its round failed."""
         if active in self.running:
             self.running.remove(active)
-            self._free(active.seq.slot)
+            self._free(active.seq.slot, None if failed else active.seq)
 
-    def _free(self, slot: Slot) -> None:
-        slot.target.truncate(0)
+    def _cached(self, slot: Slot) -> list[int]:
+        """The token ids a free slot's target holds (empty when unknown)."""
+        owner, ids = self.cached.get(id(slot), (None, []))
+        if getattr(slot.target, "owner", owner) is not owner or slot.target.length != len(ids):
+            return []  # another generation used this target since
+        return ids
+
+    def _free(self, slot: Slot, seq: Seq | None = None) -> None:
+        """Free a slot; its target keeps the K/V of `seq`'s context (the cache holds context[:-1],
+        or more after a round cut at EOS or the budget: only the context's cells are known)."""
+        if seq is not None and slot.target.length >= len(seq.prompt):
+            context = seq.prompt + seq.tokens
+            kept = context[:min(slot.target.length, len(context) - 1)]
+            slot.target.truncate(len(kept))
+            self.cached[id(slot)] = (seq, kept)
+        else:  # a failed round or prefill: the cache's contents are unknown
+            self.cached.pop(id(slot), None)
+            slot.target.truncate(0)
         for drafter in slot.drafters:
             drafter.reset()
         self.free.append(slot)

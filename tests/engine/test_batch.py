@@ -183,3 +183,36 @@ def test_prefill_is_bounded_per_round_but_never_blocks_an_idle_scheduler(decoder
     scheduler.admit("b", list(range(1, 9)), CONFIGS[0])
     scheduler.release(scheduler.running[0])
     assert scheduler.can_admit(500)  # nothing running: nothing to stall, admit at once
+
+
+def test_a_freed_slot_keeps_its_context_for_a_prompt_that_starts_the_same(decoder, monkeypatch):
+    """The prefix cache: a prompt that repeats a finished request's context (a chat's next turn)
+    skips that much prefill and decodes what it decodes alone; a failed round, or another
+    generation on the same target since, leaves nothing to reuse."""
+    kept = []
+    real = loop.prefill
+    monkeypatch.setattr(loop, "prefill", lambda *a, **kw: kept.append(a[3] if len(a) > 3 else kw.get("keep", 0))
+                        or real(*a, **kw))
+
+    def run(scheduler, prompt, config):
+        active = scheduler.admit(prompt, decoder.encode(prompt), config)
+        out = []
+        while active in scheduler.running:
+            out += [t for a, chunks in scheduler.step() if a is active for c in chunks for t in c.tokens]
+        return out
+
+    scheduler = Scheduler(decoder)
+    first = run(scheduler, PROMPTS[3], CONFIGS[0])
+    follow_up = PROMPTS[3] + decoder.tokenizer.decode(first) + " and the dog"
+    second = run(scheduler, follow_up, CONFIGS[1])
+    n_first = len(decoder.encode(PROMPTS[3]))
+    assert kept[-1] >= n_first  # the first prompt and its output came from the cache
+    assert second == decoder.generate(follow_up, CONFIGS[1]).tokens  # ... and decode what they decode alone
+    # another generation used the slots' target since: nothing is trusted
+    kept.clear()
+    run(scheduler, follow_up, CONFIGS[1])
+    assert kept == [0]
+    # and a different prompt reuses nothing
+    kept.clear()
+    run(scheduler, "zzz" + PROMPTS[3], CONFIGS[0])
+    assert kept == [0]
