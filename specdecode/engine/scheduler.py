@@ -5,7 +5,8 @@ The scheduler owns the decoder's slots. `admit` prefills a request into a free s
 two rounds, at least one request, so a long prompt does not stall the running streams
 for long); `step` runs one round of every running request in one target pass and
 returns each one's new text; a request that ends, or that the caller `release`s
-(a client that left), frees its slot at once.
+(a client that left), frees its slot at once. A freed slot keeps its request's context
+(a prefix cache): `admit` picks the free slot holding the longest start of the new prompt.
 """
 
 from __future__ import annotations
