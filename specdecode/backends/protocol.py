@@ -76,3 +76,13 @@ def forward_batch(rows: Sequence[Row | tuple]) -> list[torch.Tensor]:
         else:
             out[members[0]] = rows[members[0]].run_alone()
     return out  # type: ignore[return-value]
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens a and b share: the cache cells that a cache holding a can keep for b."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -46,7 +46,7 @@ import time
 
 import torch
 
-from specdecode.backends.protocol import Model
+from specdecode.backends.protocol import Model, common_prefix
 from specdecode.core.probs import SamplingParams, logits_to_probs
 from specdecode.core.reproducible import sample_token
 from specdecode.core.tree import remove
@@ -186,11 +186,8 @@ class ModelDrafter:
         pass  # rollback happens lazily at the next sync, from the context itself
 
     def _common_prefix(self, context: Sequence[int]) -> int:
-        n = min(len(self._fed), len(context) - 1)  # keep >= 1 token to feed: it yields q_1
-        common = 0
-        while common < n and self._fed[common] == context[common]:
-            common += 1
-        return common
+        # keep >= 1 token to feed: it yields q_1
+        return min(common_prefix(self._fed, context), len(context) - 1)
 
     def _rollback_to_common_prefix(self, context: Sequence[int]) -> None:
         common = self._common_prefix(context)

@@ -29,7 +29,7 @@ from typing import Iterator, Sequence as Seq
 
 import torch
 
-from specdecode.backends.protocol import Model, Row, forward_batch
+from specdecode.backends.protocol import Model, Row, common_prefix, forward_batch
 from specdecode.core import VERIFY_RULES
 from specdecode.core.probs import SamplingParams, logits_to_probs
 from specdecode.core.reproducible import CounterNoise, sample_token, verify_equal, verify_tree_equal
@@ -190,16 +190,6 @@ def prefill(target: Model, drafters: Seq[Drafter], prompt: Seq[int], keep: int =
     if len(prompt) - 1 > keep:
         target.forward(list(prompt[keep:-1]), n_logits=1)
     return target.length
-
-
-def common_prefix(a: Seq[int], b: Seq[int]) -> int:
-    """How many leading tokens a and b share."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,9 +15,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Hashable, Iterator, Sequence
 
+from specdecode.backends.protocol import common_prefix
 from specdecode.engine.config import GenerationConfig
 from specdecode.engine.decoder import Chunk, Generation, SpeculativeDecoder, TextAssembler
-from specdecode.engine.loop import common_prefix, start, step
+from specdecode.engine.loop import start, step
 from specdecode.engine.sequence import Sequence as Seq, Slot
 from specdecode.engine.stats import GenerationStats
 
