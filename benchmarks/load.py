@@ -13,7 +13,9 @@ the run reports aggregate tokens/s (all completion tokens / wall time), per-requ
                     cache, the same threads), plain decoding, the same requests
 
 Configurations that differ only in that per-request flag share one server process and alternate
-at each concurrency level. The bound the cost curve allows (B one-token rows per pass / T(B
+at each concurrency level. Every server is up at once and they take turns at each level (order
+rotated with --repeat; medians and ratios over llama-server in summary.md), so the machine's drift
+does not land on whichever server ran last. The bound the cost curve allows (B one-token rows per pass / T(B
 tokens)) comes from the calibration file the server measured (`<cache>/calibration`, README).
 
     python benchmarks/load.py --clients 1 2 4 8 --requests 2 --max-tokens 128 \
@@ -207,47 +209,86 @@ def main() -> None:
     ap.add_argument("--paired", type=int, default=0,
                     help="then N prompts from one client, each with speculation on and off in turn, on the batched "
                          "server (needs the configurations batched and plain)")
-    ap.add_argument("--port", type=int, default=8765)
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="sweep every concurrency level this many times, the servers' order rotated; medians reported")
+    ap.add_argument("--port", type=int, default=8765, help="the first server's port (the others take the next ones)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    if any(c < 1 or c > 64 for c in args.clients) or not 1 <= args.requests <= 20 or not 0 <= args.paired <= 48:
-        ap.error("--clients must be 1..64, --requests 1..20 and --paired 0..48 (a bounded load)")
+    if any(c < 1 or c > 64 for c in args.clients) or not 1 <= args.requests <= 20 or not 0 <= args.paired <= 48 \
+            or not 1 <= args.repeat <= 10:
+        ap.error("--clients must be 1..64, --requests 1..20, --paired 0..48 and --repeat 1..10 (a bounded load)")
     if "llama-server" in args.configs and (args.llama_server is None or not args.llama_server.is_file()):
         ap.error("the llama-server configuration needs --llama-server PATH to the built binary")
     prompts = [item["prompt"] for name in ("codegen", "codeedit", "chat") for item in load_prompts(name)]
     b = str(args.max_batch)
-    known = {"one-at-a-time": ("one-at-a-time", ["--max-batch", "1"], True, None),
-             "batched": (f"batched B={b}", ["--max-batch", b], True, None),
-             "plain": (f"batched B={b}, plain", ["--max-batch", b], False, None),
-             "llama-server": (f"llama-server -np {b}", [], None,
-                              args.llama_server and llama_server_command(args.llama_server, args.port,
-                                                                         args.max_batch))}
+    known = {"one-at-a-time": ("one-at-a-time", ["--max-batch", "1"], True, False),
+             "batched": (f"batched B={b}", ["--max-batch", b], True, False),
+             "plain": (f"batched B={b}, plain", ["--max-batch", b], False, False),
+             "llama-server": (f"llama-server -np {b}", [], None, True)}
     # configurations that differ only in the per-request flag share one server process and
     # alternate at each concurrency level, so a drift of the machine's speed between server
     # runs does not masquerade as the difference between speculation on and off
     sessions: dict[tuple, list[tuple[str, bool | None]]] = {}
-    for name, flags, speculative, cmd in (known[c] for c in args.configs):
-        sessions.setdefault((tuple(flags), tuple(cmd or ())), []).append((name, speculative))
+    for name, flags, speculative, foreign in (known[c] for c in args.configs):
+        sessions.setdefault((tuple(flags), foreign), []).append((name, speculative))
+    # Every server is up at once (an idle one waits on a condition, using no CPU) and the servers take
+    # turns at each concurrency level, their order rotated from repeat to repeat: the machine's speed
+    # drifts by 10-20% over minutes, which would otherwise land wholly on whichever server ran later.
+    servers: list[tuple[Server, str, bool, list[tuple[str, bool | None]]]] = []
     rows = []
-    for (flags, cmd), variants in sessions.items():
-        server = Server(args.port, *flags, cmd=list(cmd) or None)
-        ours = not cmd  # llama-server has no specdecode counters
-        try:
-            model = httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
+    try:
+        for i, ((flags, foreign), variants) in enumerate(sessions.items()):
+            port = args.port + i
+            cmd = llama_server_command(args.llama_server, port, args.max_batch) if foreign else None
+            server = Server(port, *flags, cmd=cmd)
+            servers.append((server, httpx.get(server.url + "/v1/models").json()["data"][0]["id"], not foreign,
+                            variants))
+        for server, model, _, variants in servers:
             load(server.url, model, prompts, 1, 1, 8, variants[0][1])  # warm-up
+        for repeat in range(args.repeat):
             for clients in args.clients:
-                for name, speculative in variants:
-                    rows.append(measure(server.url, model, prompts, name, clients, args, speculative, ours))
+                turn = repeat % len(servers)
+                for server, model, ours, variants in servers[turn:] + servers[:turn]:
+                    for name, speculative in variants:
+                        rows.append(measure(server.url, model, prompts, name, clients, args, speculative, ours)
+                                    | {"repeat": repeat})
+        for server, model, _, variants in servers:
             if args.paired and {True, False} <= {speculative for _, speculative in variants}:
                 rows.append(paired(server.url, model, prompts, args.paired, args.max_tokens))
                 print(f"paired A/B, 1 client, {args.paired} prompts: speculation on {rows[-1]['on_tokens_per_s']:.1f} "
                       f"tok/s, off {rows[-1]['off_tokens_per_s']:.1f} tok/s: {rows[-1]['ratio']:.3f}x (median per "
                       f"prompt {rows[-1]['median_prompt_ratio']:.3f}x)", flush=True)
-        finally:
+    finally:
+        for server, *_ in servers:
             server.stop()
+    table = summary(rows, args.clients)
+    print(table)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "load.json").write_text(json.dumps(rows, indent=2))
+        (args.out / "summary.md").write_text(table + "\n")
+
+
+def summary(rows: list[dict], levels: list[int]) -> str:
+    """Median aggregate tokens/s per configuration and concurrency over the repeats, as a markdown table,
+    with each configuration's ratio over llama-server's (measured in the same turns) where it ran."""
+    runs = [r for r in rows if "clients" in r]
+    names = list(dict.fromkeys(r["config"] for r in runs))
+    median = {(n, c): statistics.median([r["tokens_per_s"] for r in runs if r["config"] == n and r["clients"] == c])
+              for n in names for c in levels}
+    reference = next((n for n in names if n.startswith("llama-server")), None)
+    lines = ["| configuration | " + " | ".join(f"{c} client{'s' * (c > 1)}" for c in levels) + " |",
+             "|---|" + "---|" * len(levels)]
+    for n in names:
+        cells = []
+        for c in levels:
+            cell = f"{median[n, c]:.1f}"
+            if reference and n != reference:
+                cell += f" ({median[n, c] / median[reference, c]:.2f}x)"
+            cells.append(cell)
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    note = f"tokens/s, median of {max(r.get('repeat', 0) for r in runs) + 1} repeat(s)"
+    return "\n".join(lines) + f"\n\n{note}" + (f"; (ratio over {reference})" if reference else "")
 
 
 if __name__ == "__main__":
