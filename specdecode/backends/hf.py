@@ -8,6 +8,7 @@ explicit positions; keeping the accepted path selects its K/V entries in every l
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from contextlib import contextmanager
@@ -20,6 +21,7 @@ from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, Dynam
                           PreTrainedTokenizerBase)
 from transformers.utils import logging as hf_logging
 
+from specdecode.backends.protocol import Snapshot
 from specdecode.core.tree import tree_depths
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -141,6 +143,19 @@ class HFModel:
             self.cache.crop(length - self.length)  # negative: the number of tokens to remove
         if length == 0:
             self.cache = DynamicCache(config=self.model.config)
+
+    def snapshot(self) -> Snapshot:
+        """A copy of the cache (see `backends.protocol`)."""
+        if self._tree_base is not None:
+            raise ValueError("snapshot() during a tree pass: accept_path() or truncate() first")
+        size = sum(t.numel() * t.element_size() for layer in self.cache.layers
+                   for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if t is not None)
+        return Snapshot(self.length, copy.deepcopy(self.cache), size)
+
+    def restore(self, snapshot: Snapshot) -> None:
+        """Replace the cache by a copy `snapshot()` made (of this sequence or a sibling)."""
+        self._tree_base = None
+        self.cache = copy.deepcopy(snapshot.data)
 
     def sibling(self) -> "HFModel":
         """Another sequence over the same weights (its own cache; passes are not shared: each

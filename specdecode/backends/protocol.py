@@ -9,6 +9,10 @@ same weights with its own cache; `forward_batch` runs one round's rows of severa
 sequences, in one pass where the backend can (llama.cpp: siblings share a context
 and a `llama_decode`), else one pass per row (transformers: see the README).
 
+A prompt cache (engine/prompt_cache.py): `snapshot` copies the cache's K/V out, `restore` puts such
+a copy back (into this sequence or a sibling), so a prompt computed once need not be computed again.
+A backend without them keeps only what its sequences still hold.
+
 Draft trees: `forward_tree` runs a tree after the cache (each token sees the cache and its own
 ancestors only, at position length + depth), and `accept_path` then keeps the accepted root-to-node
 path and drops the rest of the tree. A backend without them verifies chains only.
@@ -39,6 +43,14 @@ class Model(Protocol):
 
     def sibling(self) -> "Model":
         """Another sequence over the same weights, with its own empty cache."""
+
+
+class Snapshot(NamedTuple):
+    """A copy of a sequence's cache (`snapshot`), to `restore` later into it or a sibling."""
+
+    length: int  # cache positions it holds
+    data: object  # the backend's own copy of the K/V
+    nbytes: int
 
 
 class Row(NamedTuple):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from specdecode.cli.generate import add_model_args, load_decoder, port_number, positive_int
+from specdecode.cli.generate import add_model_args, load_decoder, non_negative_int, port_number, positive_int
 from specdecode.cli.output import err_console
 
 
@@ -22,6 +22,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="requests decoded at once, continuous batching: one target pass per round for all "
                         "(default 0 = auto: 4 on llama.cpp, 1 on transformers; on llama.cpp each sequence's "
                         "context is then --n-ctx, or 32768 tokens shared out)")
+    p.add_argument("--prompt-cache-mb", type=non_negative_int, default=1024,
+                   help="host memory for copies of finished requests' prompt and output K/V, restored when a later "
+                        "prompt starts the same way (a shared system prompt, a chat's earlier turns) instead of "
+                        "computed again (default 1024 MiB, about 36k tokens of the embedded target; 0 = off)")
     p.add_argument("--model-id", default=None, help="the model name clients send (default: the target's)")
     p.add_argument("--max-body-bytes", type=positive_int, default=4 * 2 ** 20,
                    help="largest request body accepted (then 413; default 4 MiB)")
@@ -44,7 +48,8 @@ def run_serve(args: argparse.Namespace) -> int:
         raise ValueError("--max-body-bytes and --keep-alive-seconds must be >= 1, --drain-seconds >= 0")
     decoder = load_decoder(args)
     model_id = args.model_id or decoder.target.name.split(":")[-1]
-    app = create_app(decoder, model_id, max_queue=args.queue_size, max_body_bytes=args.max_body_bytes)
+    app = create_app(decoder, model_id, max_queue=args.queue_size, max_body_bytes=args.max_body_bytes,
+                     prompt_cache_bytes=args.prompt_cache_mb * 2 ** 20)
     err_console.print(f"serving {model_id!r} on http://{args.host}:{args.port}/v1")
     serve(app, args.host, args.port, drain_seconds=args.drain_seconds, keep_alive_seconds=args.keep_alive_seconds)
     return 0

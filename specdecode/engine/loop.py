@@ -86,7 +86,8 @@ def start(seq: Sequence, cached: Seq[int] = ()) -> None:
     if seq.drafters and seq.policy.wants_calibration():
         calibrate(seq.policy, seq.slot.target, seq.drafters, seq.prompt, seq.config.sampling)
         cached = seq.prompt[:-1]  # what the calibration left in the cache
-    prefill(seq.slot.target, seq.slot.drafters, seq.prompt, common_prefix(cached, seq.prompt[:-1]))
+    seq.stats.cached_tokens = common_prefix(cached, seq.prompt[:-1])
+    prefill(seq.slot.target, seq.slot.drafters, seq.prompt, seq.stats.cached_tokens)
     seq.policy.begin()
     _claim(seq)
     seq.stats.t_prefill = time.perf_counter() - t0

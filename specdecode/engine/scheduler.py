@@ -7,6 +7,9 @@ for long); `step` runs one round of every running request in one target pass and
 returns each one's new text; a request that ends, or that the caller `release`s
 (a client that left), frees its slot at once. A freed slot keeps its request's context
 (a prefix cache): `admit` picks the free slot holding the longest start of the new prompt.
+With a prompt cache in host memory (`cache_bytes`, engine/prompt_cache.py) a slot's context
+is copied there before a different prompt overwrites it, and restored into a slot when a
+later prompt starts with more of it than any slot holds.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from specdecode.backends.protocol import common_prefix
 from specdecode.engine.config import GenerationConfig
 from specdecode.engine.decoder import Chunk, Generation, SpeculativeDecoder, TextAssembler
 from specdecode.engine.loop import start, step
+from specdecode.engine.prompt_cache import PromptCache
 from specdecode.engine.sequence import Sequence as Seq, Slot
 from specdecode.engine.stats import GenerationStats
 
@@ -33,10 +37,14 @@ class Active:
 
 
 class Scheduler:
-    def __init__(self, decoder: SpeculativeDecoder, prefill_tokens: int = 512) -> None:
+    def __init__(self, decoder: SpeculativeDecoder, prefill_tokens: int = 512, cache_bytes: int = 0) -> None:
+        """cache_bytes: the prompt cache's bound in host memory (0: none; the target's backend must
+        have `snapshot`/`restore`, as llama.cpp and transformers do)."""
         if prefill_tokens < 1:
             raise ValueError(f"prefill_tokens must be >= 1, got {prefill_tokens}")
         self.decoder, self.prefill_tokens = decoder, prefill_tokens
+        self.prompt_cache = PromptCache(cache_bytes) if cache_bytes and hasattr(decoder.target, "snapshot") \
+            else None
         self.free: list[Slot] = list(decoder.slots)
         # a prefix cache: the token ids whose K/V each free slot's target still holds (its last request's),
         # with that request's sequence (still the cache's owner unless something else used the target since)
@@ -63,7 +71,7 @@ class Scheduler:
         try:
             seq = self.decoder.sequence(slot, ids, config, stats if stats is not None else GenerationStats(),
                                         speculative)
-            start(seq, self._cached(slot))
+            start(seq, self._recall(slot, ids[:-1]))
         except BaseException:
             self._free(slot)
             raise
@@ -101,6 +109,22 @@ class Scheduler:
         if active in self.running:
             self.running.remove(active)
             self._free(active.seq.slot, None if failed else active.seq)
+
+    def _recall(self, slot: Slot, ids: Sequence[int]) -> list[int]:
+        """Make `slot` hold the longest start of `ids` that it or the prompt cache has; return the
+        tokens it then holds. What the slot held goes to the prompt cache first: `ids` will overwrite it."""
+        held = self._cached(slot)
+        if self.prompt_cache is None:
+            return held
+        n_held = common_prefix(held, ids)
+        if len(held) > n_held:
+            self.prompt_cache.put(held, slot.target.snapshot())
+        n, entry = self.prompt_cache.best(ids)
+        if entry is None or n <= n_held:
+            return held
+        self.cached.pop(id(slot), None)  # a failure below leaves the slot's contents unknown
+        slot.target.restore(entry.snapshot)
+        return list(entry.ids)
 
     def _cached(self, slot: Slot) -> list[int]:
         """The token ids a free slot's target holds (empty when unknown)."""

@@ -33,6 +33,7 @@ class GenerationStats:
     """Counters of one request. Mutable: the engine adds a RoundRecord per round."""
 
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt, already in the cache (a slot's or the prompt cache's): not computed
     new_tokens: int = 0
     t_prefill: float = 0.0
     finish_reason: str = "length"  # "stop": EOS or a stop string; "length": max_new_tokens or context full
@@ -164,7 +165,8 @@ class GenerationStats:
 
     def summary(self) -> dict:
         return {
-            "finish_reason": self.finish_reason, "prompt_tokens": self.prompt_tokens, "new_tokens": self.new_tokens, "rounds": self.num_rounds,
+            "finish_reason": self.finish_reason, "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens, "new_tokens": self.new_tokens, "rounds": self.num_rounds,
             "drafted": self.drafted, "accepted": self.accepted,
             "accepted_per_position": list(self.accepted_per_position),
             "reached_per_position": list(self.reached_per_position),

@@ -62,9 +62,9 @@ def error_response(status: int, message: str, param: str | None = None,
 
 
 def create_app(decoder: SpeculativeDecoder, model_id: str, max_queue: int = 16,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, prompt_cache_bytes: int = 0) -> FastAPI:
     metrics = Metrics()
-    jobs = GenerationQueue(decoder, metrics, max_queue)
+    jobs = GenerationQueue(decoder, metrics, max_queue, prompt_cache_bytes)
     # tokenizing a long prompt takes seconds; on the event loop it would stall every other request
     tokenize_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="specdecode-tokenize")
 
@@ -280,6 +280,7 @@ def _event(rid: str, kind: str, created: int, model: str, choices: list, usage: 
 def _usage(job: Job, stats: GenerationStats) -> dict:
     n = len(job.ids)
     return {"prompt_tokens": n, "completion_tokens": stats.new_tokens, "total_tokens": n + stats.new_tokens,
+            "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},  # as OpenAI reports it
             "specdecode": {"seed": job.config.seed, "rounds": stats.num_rounds, "drafted": stats.drafted,
                            "accepted": stats.accepted, "accepted_per_position": stats.accepted_per_position,
                            "alpha": stats.alpha, "mean_acceptance_length": stats.mean_acceptance_length}}

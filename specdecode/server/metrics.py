@@ -22,6 +22,8 @@ class Metrics:
         self.t_draft = Counter("specdecode_draft_seconds", "time spent drafting", registry=r)
         self.t_verify = Counter("specdecode_verify_seconds", "time spent verifying", registry=r)
         self.t_prefill = Counter("specdecode_prefill_seconds", "time spent on prompts (prefill)", registry=r)
+        self.cached = Counter("specdecode_prompt_tokens_cached", "prompt tokens found in a cache, not computed",
+                              registry=r)
         self.mean_acceptance = Gauge("specdecode_mean_acceptance_length",
                                      "tokens per round over all requests (bonus included)", registry=r)
         self.running = Gauge("specdecode_running_generations", "generations in progress", registry=r)
@@ -44,6 +46,7 @@ class Metrics:
         self.t_draft.inc(stats.t_draft)
         self.t_verify.inc(stats.t_verify)
         self.t_prefill.inc(stats.t_prefill)
+        self.cached.inc(stats.cached_tokens)
         rounds = self.rounds._value.get()
         if rounds:
             self.mean_acceptance.set(self.tokens._value.get() / rounds)

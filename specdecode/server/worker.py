@@ -6,7 +6,8 @@ which the worker pushes thread-safely. The worker runs continuous batching
 order into free slots (up to the decoder's max_batch running at once; prompt
 prefill bounded per round so running streams do not stall), then runs one round of
 every running job in one target pass and pushes each job's new text. A job that
-ends leaves the batch at once and frees its slot for the next.
+ends leaves the batch at once and frees its slot for the next (its context stays in the slot,
+and goes to the prompt cache in host memory before another prompt overwrites it).
 
 Cancellation: a client that disconnects sets `job.cancelled`; the worker checks it
 before every round (so it stops within one round) and frees the job's slot. A
@@ -63,11 +64,12 @@ class Job:
 
 
 class GenerationQueue:
-    def __init__(self, decoder: SpeculativeDecoder, metrics: Metrics, max_queue: int = 16) -> None:
+    def __init__(self, decoder: SpeculativeDecoder, metrics: Metrics, max_queue: int = 16,
+                 prompt_cache_bytes: int = 0) -> None:
         if max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {max_queue}")
         self.decoder, self.metrics, self.max_queue = decoder, metrics, max_queue
-        self.scheduler = Scheduler(decoder)
+        self.scheduler = Scheduler(decoder, cache_bytes=prompt_cache_bytes)
         self._waiting: deque[Job] = deque()
         self._running: set[Job] = set()  # read by abort_all from another thread: under _cond
         self._closed: str | None = None  # the shutdown message once abort_all ran

@@ -166,6 +166,28 @@ def test_sequences_of_one_context_share_a_pass(weights, tokenizer):
     assert torch.allclose(again[0], views[0].forward([11], 1), atol=1.0)
 
 
+def test_a_snapshot_restores_a_sequence_into_itself_or_a_sibling(weights, tokenizer):
+    """snapshot/restore (the prompt cache): the restored sequence holds the same positions and gives
+    the logits a prefill gives (up to the rounding that the cells' place in the cache brings, as
+    with batching), also after the original sequence has moved on."""
+    first = LlamaCppModel(weights, LlamaSettings(n_ctx=512, n_seq_max=2))
+    second = first.sibling()
+    ids = tokenizer.encode(CODE)
+    first.forward(ids[:-1], n_logits=1)
+    snap = first.snapshot()
+    assert snap.length == len(ids) - 1 and snap.nbytes > 1000 * snap.length  # ~28 KB a token
+    fresh = first.forward([ids[-1]], n_logits=1)
+    first.forward([11, 12, 13], n_logits=1)  # the original moves on
+    for view in (second, first):
+        view.restore(snap)
+        assert view.length == len(ids) - 1
+        again = view.forward([ids[-1]], n_logits=1)
+        assert again.argmax() == fresh.argmax() and (again - fresh).abs().max().item() < 1.0
+    assert second.forward([5], 1).shape == (1, weights.n_vocab)  # the two sequences stay apart
+    with pytest.raises(ValueError, match="not a snapshot"):
+        first.restore(snap._replace(data=b"junk"))
+
+
 @pytest.fixture(scope="module")
 def batch_decoder():
     return SpeculativeDecoder.load(backend="llama.cpp", drafter="lookup", n_ctx=1024, max_batch=3, progress=False)

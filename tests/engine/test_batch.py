@@ -216,3 +216,34 @@ def test_a_freed_slot_keeps_its_context_for_a_prompt_that_starts_the_same(decode
     kept.clear()
     run(scheduler, "zzz" + PROMPTS[3], CONFIGS[0])
     assert kept == [0]
+
+
+def test_the_prompt_cache_restores_a_context_a_slot_no_longer_holds(decoder, monkeypatch):
+    """With a prompt cache in host memory, a context overwritten in its slot (every slot took other
+    prompts since) is restored for a follow-up that starts with it, which then decodes exactly what
+    it decodes alone. Without the cache (the control) the same follow-up recomputes its prompt."""
+    kept = []
+    real = loop.prefill
+    monkeypatch.setattr(loop, "prefill", lambda *a, **kw: kept.append(a[3] if len(a) > 3 else kw.get("keep", 0))
+                        or real(*a, **kw))
+
+    def run(scheduler, prompt, config):
+        active = scheduler.admit(prompt, decoder.encode(prompt), config)
+        out = []
+        while active in scheduler.running:
+            out += [t for a, chunks in scheduler.step() if a is active for c in chunks for t in c.tokens]
+        return active, out
+
+    for cache_bytes, restored in ((10 ** 9, True), (0, False)):
+        scheduler = Scheduler(decoder, cache_bytes=cache_bytes)
+        _, first = run(scheduler, PROMPTS[3], CONFIGS[0])
+        for i, other in enumerate(PROMPTS[:3] + PROMPTS[4:5]):  # the fourth overwrites the first one's slot
+            run(scheduler, f"{i}{other}", CONFIGS[4])
+        follow_up = PROMPTS[3] + decoder.tokenizer.decode(first) + " and the dog"
+        kept.clear()
+        active, second = run(scheduler, follow_up, CONFIGS[1])
+        n_first = len(decoder.encode(PROMPTS[3]))
+        assert (kept[-1] >= n_first) is restored, (cache_bytes, kept)
+        assert active.seq.stats.cached_tokens == kept[-1]
+        assert second == decoder.generate(follow_up, CONFIGS[1]).tokens
+    assert len(decoder.slots) == 4  # four other prompts did overwrite every slot
