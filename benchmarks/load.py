@@ -15,7 +15,8 @@ the run reports aggregate tokens/s (all completion tokens / wall time), per-requ
 Configurations that differ only in that per-request flag share one server process and alternate
 at each concurrency level. Every server is up at once and they take turns at each level (order
 rotated with --repeat; medians and ratios over llama-server in summary.md), so the machine's drift
-does not land on whichever server ran last. The bound the cost curve allows (B one-token rows per pass / T(B
+does not land on whichever server ran last. The prompts repeat across levels (both servers keep
+a prompt cache); --fresh makes every prompt new. The bound the cost curve allows (B one-token rows per pass / T(B
 tokens)) comes from the calibration file the server measured (`<cache>/calibration`, README).
 
     python benchmarks/load.py --clients 1 2 4 8 --requests 2 --max-tokens 128 \
@@ -25,6 +26,7 @@ tokens)) comes from the calibration file the server measured (`<cache>/calibrati
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import subprocess
@@ -74,6 +76,16 @@ def llama_server_command(binary: Path, port: int, slots: int) -> list[str]:
     return [str(binary), "-m", str(ensure_gguf(TARGET)), "--host", "127.0.0.1", "--port", str(port),
             "-np", str(slots), "-c", str(32768 // slots * slots), "--kv-unified", "-t", threads, "-tb", threads,
             "--no-webui", "-ngl", "0"]
+
+
+class FreshPrompts(list):
+    """The prompts, each time taken with a first line of its own (a counter), so every request's
+    prompt is new to any cache (--fresh: the cost of prompt processing, not of reusing it)."""
+
+    _count = itertools.count()
+
+    def __getitem__(self, i):
+        return f"# request {next(self._count)}\n" + super().__getitem__(i)
 
 
 def one_request(url: str, model: str, prompt: str, max_tokens: int, speculative: bool | None) -> dict:
@@ -209,6 +221,9 @@ def main() -> None:
     ap.add_argument("--paired", type=int, default=0,
                     help="then N prompts from one client, each with speculation on and off in turn, on the batched "
                          "server (needs the configurations batched and plain)")
+    ap.add_argument("--fresh", action="store_true",
+                    help="give every request's prompt a first line of its own, so no server's prompt cache serves it "
+                         "(by default the prompts repeat across levels and repeats, as a shared system prompt would)")
     ap.add_argument("--repeat", type=int, default=1,
                     help="sweep every concurrency level this many times, the servers' order rotated; medians reported")
     ap.add_argument("--port", type=int, default=8765, help="the first server's port (the others take the next ones)")
@@ -220,6 +235,8 @@ def main() -> None:
     if "llama-server" in args.configs and (args.llama_server is None or not args.llama_server.is_file()):
         ap.error("the llama-server configuration needs --llama-server PATH to the built binary")
     prompts = [item["prompt"] for name in ("codegen", "codeedit", "chat") for item in load_prompts(name)]
+    if args.fresh:  # a first line no request shares: no prompt cache can serve any of it
+        prompts = FreshPrompts(prompts)
     b = str(args.max_batch)
     known = {"one-at-a-time": ("one-at-a-time", ["--max-batch", "1"], True, False),
              "batched": (f"batched B={b}", ["--max-batch", b], True, False),
@@ -249,7 +266,8 @@ def main() -> None:
             for clients in args.clients:
                 turn = repeat % len(servers)
                 for server, model, ours, variants in servers[turn:] + servers[:turn]:
-                    for name, speculative in variants:
+                    # the first variant at a level meets the prompts its server has not cached yet
+                    for name, speculative in variants[repeat % len(variants):] + variants[:repeat % len(variants)]:
                         rows.append(measure(server.url, model, prompts, name, clients, args, speculative, ours)
                                     | {"repeat": repeat})
         for server, model, _, variants in servers:

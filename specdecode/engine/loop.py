@@ -76,21 +76,25 @@ def new_sequence(slot: Slot, prompt: Seq[int], config: GenerationConfig, eos_ids
                     stats if stats is not None else GenerationStats(), speculative)
 
 
-def start(seq: Sequence, cached: Seq[int] = ()) -> None:
+def start(seq: Sequence, cached: Seq[int] = (), defer: bool = False) -> Row | None:
     """Prefill the sequence's slot (calibrating an uncalibrated adaptive policy first).
 
     cached: the token ids whose K/V the slot's target holds from its last request (a prefix
-    cache): the prompt's longest common prefix with them is kept, not recomputed."""
+    cache): the prompt's longest common prefix with them is kept, not recomputed.
+    defer: do not run the rest of the prompt; return it as a row for the next `step`'s pass
+    (None: nothing left to run), where it rides with the running sequences' rows."""
     seq.stats.prompt_tokens = len(seq.prompt)
     t0 = time.perf_counter()
     if seq.drafters and seq.policy.wants_calibration():
         calibrate(seq.policy, seq.slot.target, seq.drafters, seq.prompt, seq.config.sampling)
         cached = seq.prompt[:-1]  # what the calibration left in the cache
-    seq.stats.cached_tokens = common_prefix(cached, seq.prompt[:-1])
-    prefill(seq.slot.target, seq.slot.drafters, seq.prompt, seq.stats.cached_tokens)
+    seq.stats.cached_tokens = keep = common_prefix(cached, seq.prompt[:-1])
+    prefill(seq.slot.target, seq.slot.drafters, seq.prompt, keep, run=not defer)
     seq.policy.begin()
     _claim(seq)
     seq.stats.t_prefill = time.perf_counter() - t0
+    rest = seq.prompt[keep:-1]
+    return Row(seq.slot.target, rest, 1) if defer and rest else None
 
 
 def generate_tokens(target: Model, drafters: Seq[Drafter], prompt: Seq[int], config: GenerationConfig,
@@ -108,13 +112,17 @@ def run(seq: Sequence) -> Iterator[Round]:
         yield step([seq])[0]
 
 
-def step(batch: Seq[Sequence]) -> list[Round]:
+def step(batch: Seq[Sequence], prefills: Seq[Row] = ()) -> list[Round]:
     """One round for each sequence of `batch` (none may be finished), in one target pass.
 
     Returns each sequence's new tokens, in order; a sequence that ends (EOS, its token budget,
     its context full) is marked finished and its slot may take another request.
+    prefills: the deferred prompt rows of sequences that start (`start(..., defer=True)`), run in
+    the same pass (their logits unused): they join `batch` from the next round.
     """
     if not batch:
+        if prefills:
+            forward_batch(prefills)
         return []
     if any(seq.finished for seq in batch):
         raise ValueError("step() got a finished sequence: drop finished sequences from the batch")
@@ -123,7 +131,7 @@ def step(batch: Seq[Sequence]) -> list[Round]:
     jobs = [RoundJob(seq.slot.target, seq.drafters, seq.policy, seq.context, seq.budget - 1,
                      seq.config.sampling, seq.generator, seq.rule) for seq in batch]
     rounds = []
-    for seq, out in zip(batch, speculative_rounds(jobs)):
+    for seq, out in zip(batch, speculative_rounds(jobs, prefills)):
         rounds.append(_emit(seq, out))
     return rounds
 
@@ -177,18 +185,18 @@ def _check_owner(seq: Sequence) -> None:
                            f"time; use a decoder per concurrent stream, or generate_many for a batch")
 
 
-def prefill(target: Model, drafters: Seq[Drafter], prompt: Seq[int], keep: int = 0) -> int:
+def prefill(target: Model, drafters: Seq[Drafter], prompt: Seq[int], keep: int = 0, run: bool = True) -> int:
     """Start a sequence: the target's cache cut to its first `keep` cells (which must hold
-    prompt[:keep]: a reused prefix), drafters emptied, then the rest of the prompt minus its last
-    token (the first `pending`) into the target. Returns the target's cache length, to restore
-    the prefix later by truncating."""
+    prompt[:keep]: a reused prefix), drafters emptied, then (unless not `run`: the caller runs it)
+    the rest of the prompt minus its last token (the first `pending`) into the target. Returns the
+    target's cache length, to restore the prefix later by truncating."""
     if not 0 <= keep <= min(target.length, len(prompt) - 1):
         raise ValueError(f"cannot keep {keep} cached tokens of a {len(prompt)}-token prompt "
                          f"({target.length} in the cache)")
     target.truncate(keep)
     for d in drafters:
         d.reset()
-    if len(prompt) - 1 > keep:
+    if run and len(prompt) - 1 > keep:
         target.forward(list(prompt[keep:-1]), n_logits=1)
     return target.length
 
@@ -232,14 +240,18 @@ def speculative_round(target: Model, drafters: Seq[Drafter], policy: KPolicy, co
     return speculative_rounds([RoundJob(target, drafters, policy, context, k_cap, params, generator, rule)])[0]
 
 
-def speculative_rounds(jobs: Seq[RoundJob]) -> list[RoundOutcome]:
-    """One round for each job: each drafts, one pass verifies them all, each is verified alone."""
-    rows, drafts_of, shadows, timing = [], [], [], []
-    tokens, expected = 0, 0.0  # what the rows drafted so far put into the pass and are expected to emit
+def speculative_rounds(jobs: Seq[RoundJob], prefills: Seq[Row] = ()) -> list[RoundOutcome]:
+    """One round for each job: each drafts, one pass verifies them all (with `prefills`, rows of
+    prompts whose logits nobody reads), each is verified alone."""
+    rows, drafts_of, shadows, timing = list(prefills), [], [], []
+    # what the rows so far put into the pass, and are expected to emit (the drafting rows weigh
+    # their drafts against this load: a pass carrying a prompt is a big one)
+    tokens, expected = sum(len(row.tokens) for row in prefills), 0.0
+    shared = len(jobs) > 1 or bool(prefills)  # other rows in the pass
     for i, job in enumerate(jobs):
         room = job.target.max_length - job.target.length - 1  # positions left after `pending`
         later = len(jobs) - i - 1  # rows still to draft: one token each, for now
-        load = BatchLoad(tokens + later, expected + later) if len(jobs) > 1 else ALONE
+        load = BatchLoad(tokens + later, expected + later) if shared else ALONE
         t0 = time.perf_counter()
         drafter, proposal, shadow = _draft(job.drafters, job.policy, job.context, min(job.k_cap, room), job.params,
                                            job.generator, load)
@@ -257,7 +269,7 @@ def speculative_rounds(jobs: Seq[RoundJob]) -> list[RoundOutcome]:
             rows.append(Row(job.target, [job.context[-1]] + drafts, size, [-1] + [p + 1 for p in proposal.parents]))
         else:
             # padding to a cheaper pass size only pays when the row has the pass to itself
-            size = 1 if not drafts else len(drafts) + 1 if len(jobs) > 1 else \
+            size = 1 if not drafts else len(drafts) + 1 if shared else \
                 min(job.policy.verify_size(len(drafts) + 1), room + 1)
             padding = [drafts[-1]] * (size - len(drafts) - 1) if drafts else []  # ignored positions
             rows.append(Row(job.target, [job.context[-1]] + drafts + padding, size))
@@ -267,8 +279,9 @@ def speculative_rounds(jobs: Seq[RoundJob]) -> list[RoundOutcome]:
         tokens += size
         expected += job.policy.expected_tokens(drafter.name, k) if drafts else 1.0  # (alternatives: no prior)
     t1 = time.perf_counter()
-    logits_of = forward_batch(rows)
+    logits_of = forward_batch(rows)[len(prefills):]
     t_pass = time.perf_counter() - t1
+    rows = rows[len(prefills):]
     return [_verify_row(job, drafter, proposal, logits, t_draft, t_pass, size, tokens, shadow)
             for job, (drafter, proposal), shadow, logits, t_draft, (_, _, size, _)
             in zip(jobs, drafts_of, shadows, logits_of, timing, rows)]

@@ -1,10 +1,13 @@
 """Continuous batching: requests join and leave a running batch between rounds.
 
-The scheduler owns the decoder's slots. `admit` prefills a request into a free slot
-(bounded per round: `can_admit` lets at most `prefill_tokens` prompt tokens in between
-two rounds, at least one request, so a long prompt does not stall the running streams
-for long); `step` runs one round of every running request in one target pass and
-returns each one's new text; a request that ends, or that the caller `release`s
+The scheduler owns the decoder's slots. `admit` puts a request into a free slot and its
+prompt into the next round's pass (bounded per round: `can_admit` lets at most
+`prefill_tokens` prompt tokens in between two rounds, at least one request, so a long
+prompt does not stall the running streams for long); `step` runs one round of every
+running request in one target pass, with the new requests' prompts in the same pass (as
+llama.cpp's server does: the running rows advance while a prompt is processed, instead of
+waiting for a pass of its own), and returns each one's new text (a request that started in
+this pass gets its first tokens in the next); a request that ends, or that the caller `release`s
 (a client that left), frees its slot at once. A freed slot keeps its request's context
 (a prefix cache): `admit` picks the free slot holding the longest start of the new prompt.
 With a prompt cache in host memory (`cache_bytes`, engine/prompt_cache.py) a slot's context
@@ -14,11 +17,12 @@ later prompt starts with more of it than any slot holds.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Hashable, Iterator, Sequence
 
-from specdecode.backends.protocol import common_prefix
+from specdecode.backends.protocol import Row, common_prefix
 from specdecode.engine.config import GenerationConfig
 from specdecode.engine.decoder import Chunk, Generation, SpeculativeDecoder, TextAssembler
 from specdecode.engine.loop import start, step
@@ -50,6 +54,7 @@ class Scheduler:
         # with that request's sequence (still the cache's owner unless something else used the target since)
         self.cached: dict[int, tuple[Seq, list[int]]] = {}
         self.running: list[Active] = []
+        self._prompts: dict[Active, Row] = {}  # requests admitted since the last round: their prompts' rows
         self._prefilled = 0  # prompt tokens admitted since the last round
 
     def can_admit(self, prompt_tokens: int) -> bool:
@@ -60,8 +65,9 @@ class Scheduler:
 
     def admit(self, key: Hashable, ids: Sequence[int], config: GenerationConfig, speculative: bool = True,
               stats: GenerationStats | None = None) -> Active:
-        """Prefill a request into a free slot; it takes part from the next round. Raises ValueError
-        for a request that cannot run (e.g. a prompt longer than the context), slot kept free."""
+        """Put a request into a free slot: its prompt runs in the next round's pass, and it decodes from
+        the round after. Raises ValueError for a request that cannot run (e.g. a prompt longer than the
+        context), slot kept free."""
         if not self.free:
             raise RuntimeError("no free slot: check can_admit() first")
         # the free slot that holds the longest prefix of this prompt (a repeated system prompt, the
@@ -71,26 +77,35 @@ class Scheduler:
         try:
             seq = self.decoder.sequence(slot, ids, config, stats if stats is not None else GenerationStats(),
                                         speculative)
-            start(seq, self._recall(slot, ids[:-1]))
+            prompt = start(seq, self._recall(slot, ids[:-1]), defer=True)
         except BaseException:
             self._free(slot)
             raise
         self._prefilled += len(seq.prompt)
         active = Active(key, seq, TextAssembler(self.decoder.tokenizer, config.stop, seq.stats))
         self.running.append(active)
+        if prompt is not None:
+            self._prompts[active] = prompt
         return active
 
     def step(self) -> list[tuple[Active, list[Chunk]]]:
         """One round of every running request; those that end leave the batch (their last text included).
         If the round fails, every running request is released and the error raised."""
-        batch = list(self.running)
+        starting, self._prompts = self._prompts, {}
+        batch = [a for a in self.running if a not in starting]
         self._prefilled = 0
+        t0 = time.perf_counter()
         try:
-            rounds = step([a.seq for a in batch])
+            rounds = step([a.seq for a in batch], list(starting.values()))
         except BaseException:
-            for a in batch:
+            for a in batch + list(starting):
                 self.release(a, failed=True)
             raise
+        # the prompts' share of the pass, by tokens, is their prefill time
+        t_pass, n_prompt = time.perf_counter() - t0, sum(len(row.tokens) for row in starting.values())
+        n_pass = n_prompt + sum(a.seq.stats.rounds[-1].verified for a in batch)
+        for a, row in starting.items():
+            a.seq.stats.t_prefill += t_pass * len(row.tokens) / n_pass
         out = []
         for a, rnd in zip(batch, rounds):
             chunks = [a.text.add(rnd)]
@@ -108,7 +123,8 @@ class Scheduler:
         request's context for a later prompt that starts the same way, unless its round failed."""
         if active in self.running:
             self.running.remove(active)
-            self._free(active.seq.slot, None if failed else active.seq)
+            # one whose prompt has not run yet: its slot holds only the part of the prompt it reused
+            self._free(active.seq.slot, None if failed or self._prompts.pop(active, None) else active.seq)
 
     def _recall(self, slot: Slot, ids: Sequence[int]) -> list[int]:
         """Make `slot` hold the longest start of `ids` that it or the prompt cache has; return the
@@ -122,8 +138,12 @@ class Scheduler:
         n, entry = self.prompt_cache.best(ids)
         if entry is None or n <= n_held:
             return held
-        self.cached.pop(id(slot), None)  # a failure below leaves the slot's contents unknown
-        slot.target.restore(entry.snapshot)
+        self.cached.pop(id(slot), None)  # from here the slot holds the entry, or nothing
+        try:
+            slot.target.restore(entry.snapshot)
+        except RuntimeError:  # the backend found no room for it: compute the prompt instead (same output)
+            slot.target.truncate(0)
+            return []
         return list(entry.ids)
 
     def _cached(self, slot: Slot) -> list[int]:

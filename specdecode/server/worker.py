@@ -3,9 +3,10 @@
 The event loop never runs model code: handlers submit a Job and await its events,
 which the worker pushes thread-safely. The worker runs continuous batching
 (`engine.scheduler.Scheduler`): between two rounds it admits waiting jobs in arrival
-order into free slots (up to the decoder's max_batch running at once; prompt
-prefill bounded per round so running streams do not stall), then runs one round of
-every running job in one target pass and pushes each job's new text. A job that
+order into free slots (up to the decoder's max_batch running at once; prompt tokens
+bounded per round so running streams do not stall), then runs one round of every
+running job in one target pass (the new jobs' prompts in it too) and pushes each job's
+new text. A job that
 ends leaves the batch at once and frees its slot for the next (its context stays in the slot,
 and goes to the prompt cache in host memory before another prompt overwrites it).
 
@@ -159,7 +160,8 @@ class GenerationQueue:
                 job.push("error", (500, f"{type(exc).__name__}: {exc}"))
                 self._end(job)
             return
-        self.metrics.pass_tokens.observe(sum(active.seq.stats.rounds[-1].verified for active, _ in results))
+        if results:  # (a round of only new requests' prompts decodes nothing yet)
+            self.metrics.pass_tokens.observe(sum(active.seq.stats.rounds[-1].verified for active, _ in results))
         for active, chunks in results:
             job = active.key
             for chunk in chunks:

@@ -221,7 +221,8 @@ def test_a_freed_slot_keeps_its_context_for_a_prompt_that_starts_the_same(decode
 def test_the_prompt_cache_restores_a_context_a_slot_no_longer_holds(decoder, monkeypatch):
     """With a prompt cache in host memory, a context overwritten in its slot (every slot took other
     prompts since) is restored for a follow-up that starts with it, which then decodes exactly what
-    it decodes alone. Without the cache (the control) the same follow-up recomputes its prompt."""
+    it decodes alone. Without the cache (the control) the same follow-up recomputes its prompt, and
+    so it does, with the same output, when the backend cannot restore (no room in its cache)."""
     kept = []
     real = loop.prefill
     monkeypatch.setattr(loop, "prefill", lambda *a, **kw: kept.append(a[3] if len(a) > 3 else kw.get("keep", 0))
@@ -234,7 +235,12 @@ def test_the_prompt_cache_restores_a_context_a_slot_no_longer_holds(decoder, mon
             out += [t for a, chunks in scheduler.step() if a is active for c in chunks for t in c.tokens]
         return active, out
 
-    for cache_bytes, restored in ((10 ** 9, True), (0, False)):
+    def no_room(self, snapshot):
+        raise RuntimeError("no room")
+
+    for cache_bytes, restored in ((10 ** 9, True), (0, False), (10 ** 9, False)):
+        if cache_bytes and not restored:
+            monkeypatch.setattr(type(decoder.target), "restore", no_room)
         scheduler = Scheduler(decoder, cache_bytes=cache_bytes)
         _, first = run(scheduler, PROMPTS[3], CONFIGS[0])
         for i, other in enumerate(PROMPTS[:3] + PROMPTS[4:5]):  # the fourth overwrites the first one's slot
@@ -247,3 +253,31 @@ def test_the_prompt_cache_restores_a_context_a_slot_no_longer_holds(decoder, mon
         assert active.seq.stats.cached_tokens == kept[-1]
         assert second == decoder.generate(follow_up, CONFIGS[1]).tokens
     assert len(decoder.slots) == 4  # four other prompts did overwrite every slot
+
+
+def test_a_new_prompt_runs_in_the_running_rows_pass(decoder, monkeypatch):
+    """A request admitted while another decodes has its prompt computed in the same pass as the
+    running row (which advances meanwhile: no pass of its own for the prompt), decodes from the
+    next round, and both produce what they produce alone."""
+    passes = []
+    real = loop.forward_batch
+    monkeypatch.setattr(loop, "forward_batch", lambda rows: passes.append([(r.model, len(r.tokens)) for r in rows])
+                        or real(rows))
+    scheduler = Scheduler(decoder)
+    out = {}
+    first = scheduler.admit("a", decoder.encode(PROMPTS[1]), CONFIGS[0], speculative=False)
+    for _ in range(3):
+        for a, chunks in scheduler.step():
+            out.setdefault(a.key, []).extend(t for c in chunks for t in c.tokens)
+    long_prompt = decoder.encode(PROMPTS[3])
+    second = scheduler.admit("b", long_prompt, CONFIGS[4], speculative=False)
+    n_before = len(passes)
+    while scheduler.running:
+        for a, chunks in scheduler.step():
+            out.setdefault(a.key, []).extend(t for c in chunks for t in c.tokens)
+    shared = passes[n_before]  # the first pass after the admission
+    assert (second.seq.slot.target, len(long_prompt) - 1) in shared  # the prompt minus its pending token
+    assert (first.seq.slot.target, 1) in shared  # beside the running row
+    assert second.seq.stats.t_prefill > 0 and second.seq.stats.cached_tokens == 0
+    assert out["a"] == decoder.generate(PROMPTS[1], CONFIGS[0], speculative=False).tokens
+    assert out["b"] == decoder.generate(PROMPTS[3], CONFIGS[4], speculative=False).tokens
