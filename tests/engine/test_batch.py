@@ -13,6 +13,7 @@ prompts, seeds and K) match the exact joint (chi-square; false-failure probabili
 1e-3 per case at fixed seeds); a rule that accepts every draft must fail it.
 """
 
+import functools
 import itertools
 
 import pytest
@@ -185,21 +186,32 @@ def test_prefill_is_bounded_per_round_but_never_blocks_an_idle_scheduler(decoder
     assert scheduler.can_admit(500)  # nothing running: nothing to stall, admit at once
 
 
-def test_a_freed_slot_keeps_its_context_for_a_prompt_that_starts_the_same(decoder, monkeypatch):
-    """The prefix cache: a prompt that repeats a finished request's context (a chat's next turn)
-    skips that much prefill and decodes what it decodes alone; a failed round, or another
-    generation on the same target since, leaves nothing to reuse."""
+def record_kept(monkeypatch) -> list[int]:
+    """The `keep` (cached prompt tokens) of every prefill from now on."""
     kept = []
     real = loop.prefill
     monkeypatch.setattr(loop, "prefill", lambda *a, **kw: kept.append(a[3] if len(a) > 3 else kw.get("keep", 0))
                         or real(*a, **kw))
+    return kept
+
+
+def run_alone_in(decoder, scheduler, prompt, config):
+    """Admit one request and step the scheduler until it ends: (its Active, its tokens)."""
+    active = scheduler.admit(prompt, decoder.encode(prompt), config)
+    out = []
+    while active in scheduler.running:
+        out += [t for a, chunks in scheduler.step() if a is active for c in chunks for t in c.tokens]
+    return active, out
+
+
+def test_a_freed_slot_keeps_its_context_for_a_prompt_that_starts_the_same(decoder, monkeypatch):
+    """The prefix cache: a prompt that repeats a finished request's context (a chat's next turn)
+    skips that much prefill and decodes what it decodes alone; a failed round, or another
+    generation on the same target since, leaves nothing to reuse."""
+    kept = record_kept(monkeypatch)
 
     def run(scheduler, prompt, config):
-        active = scheduler.admit(prompt, decoder.encode(prompt), config)
-        out = []
-        while active in scheduler.running:
-            out += [t for a, chunks in scheduler.step() if a is active for c in chunks for t in c.tokens]
-        return out
+        return run_alone_in(decoder, scheduler, prompt, config)[1]
 
     scheduler = Scheduler(decoder)
     first = run(scheduler, PROMPTS[3], CONFIGS[0])
@@ -223,17 +235,8 @@ def test_the_prompt_cache_restores_a_context_a_slot_no_longer_holds(decoder, mon
     prompts since) is restored for a follow-up that starts with it, which then decodes exactly what
     it decodes alone. Without the cache (the control) the same follow-up recomputes its prompt, and
     so it does, with the same output, when the backend cannot restore (no room in its cache)."""
-    kept = []
-    real = loop.prefill
-    monkeypatch.setattr(loop, "prefill", lambda *a, **kw: kept.append(a[3] if len(a) > 3 else kw.get("keep", 0))
-                        or real(*a, **kw))
-
-    def run(scheduler, prompt, config):
-        active = scheduler.admit(prompt, decoder.encode(prompt), config)
-        out = []
-        while active in scheduler.running:
-            out += [t for a, chunks in scheduler.step() if a is active for c in chunks for t in c.tokens]
-        return active, out
+    kept = record_kept(monkeypatch)
+    run = functools.partial(run_alone_in, decoder)
 
     def no_room(self, snapshot):
         raise RuntimeError("no room")
