@@ -115,6 +115,35 @@ def test_inverse_cdf_never_picks_zero_weight_even_at_the_edges():
     assert sample_with_uniform(weights[:1], torch.tensor([1.0], dtype=torch.float64)).tolist() == [3]
 
 
+def test_two_level_inverse_cdf_on_a_large_vocabulary():
+    """Past 2,048 entries the inverse CDF runs in two levels (block totals, then one block): its
+    law, with the weight at block edges and unnormalised, by chi-square (false-failure
+    probability 1e-4; fixed seed), a squared-uniform control that must fail, the same index as
+    one flat float64 cumulative sum on a dense row, and zero weights never picked at the edges."""
+    support = [0, 1023, 1024, 3000, 4999]  # block edges (blocks of 1024), and the last entry
+    probs = torch.tensor([0.5, 0.25, 0.15, 0.07, 0.03], dtype=torch.float64)
+    weights = torch.zeros(5000, dtype=torch.float64)
+    weights[support] = 3.0 * probs
+    n = 40_000
+    g = torch.Generator().manual_seed(5)
+    counts = lambda idx: [int((idx == s).sum()) for s in support]  # noqa: E731
+    good = sample(weights.expand(n, 5000), g)
+    assert set(good.tolist()) <= set(support)
+    assert chi_square(counts(good), probs.tolist()).p_value > 1e-4
+    bad = sample_with_uniform(weights.expand(n, 5000), torch.rand(n, generator=g, dtype=torch.float64) ** 2)
+    assert chi_square(counts(bad), probs.tolist()).p_value < 1e-4
+
+    dense = torch.softmax(torch.randn(151_936, generator=g, dtype=torch.float64) * 3, 0)
+    u = torch.rand(2000, generator=g, dtype=torch.float64)
+    flat = torch.searchsorted(dense.cumsum(0), u * dense.sum(), right=True)
+    assert torch.equal(sample_with_uniform(dense.expand(2000, -1), u), flat)
+
+    edges = torch.zeros(3000, dtype=torch.float64)
+    edges[[1500, 2047]] = 0.5
+    u = torch.tensor([0.0, 0.5, 1.0 - 2 ** -53, 1.0], dtype=torch.float64)
+    assert sample_with_uniform(edges.expand(4, -1), u).tolist() == [1500, 2047, 2047, 2047]
+
+
 def test_exponential_race_law_and_negative_control():
     """sample_with_noise (the residual's sampler in verify) follows probs; uniform noise instead
     of Exp(1) is caught. False-failure probability 1e-4 (fixed seed: deterministic in practice).
