@@ -56,6 +56,7 @@ class Scheduler:
         self.running: list[Active] = []
         self._prompts: dict[Active, Row] = {}  # requests admitted since the last round: their prompts' rows
         self._prefilled = 0  # prompt tokens admitted since the last round
+        self.pass_tokens = 0  # tokens in the last round's pass, new prompts' rows included (0: no pass)
 
     def can_admit(self, prompt_tokens: int) -> bool:
         """A free slot, and this prompt fits the prefill allowance of this round (the first always does,
@@ -103,7 +104,7 @@ class Scheduler:
             raise
         # the prompts' share of the pass, by tokens, is their prefill time
         t_pass, n_prompt = time.perf_counter() - t0, sum(len(row.tokens) for row in starting.values())
-        n_pass = n_prompt + sum(a.seq.stats.rounds[-1].verified for a in batch)
+        self.pass_tokens = n_pass = n_prompt + sum(a.seq.stats.rounds[-1].verified for a in batch)
         for a, row in starting.items():
             a.seq.stats.t_prefill += t_pass * len(row.tokens) / n_pass
         out = []

@@ -160,8 +160,8 @@ class GenerationQueue:
                 job.push("error", (500, f"{type(exc).__name__}: {exc}"))
                 self._end(job)
             return
-        if results:  # (a round of only new requests' prompts decodes nothing yet)
-            self.metrics.pass_tokens.observe(sum(active.seq.stats.rounds[-1].verified for active, _ in results))
+        if self.scheduler.pass_tokens:  # the whole pass: new requests' prompts ride in it too
+            self.metrics.pass_tokens.observe(self.scheduler.pass_tokens)
         for active, chunks in results:
             job = active.key
             for chunk in chunks:

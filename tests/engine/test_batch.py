@@ -261,7 +261,8 @@ def test_the_prompt_cache_restores_a_context_a_slot_no_longer_holds(decoder, mon
 def test_a_new_prompt_runs_in_the_running_rows_pass(decoder, monkeypatch):
     """A request admitted while another decodes has its prompt computed in the same pass as the
     running row (which advances meanwhile: no pass of its own for the prompt), decodes from the
-    next round, and both produce what they produce alone."""
+    next round, and both produce what they produce alone. The scheduler reports the whole pass's
+    size, the prompt's row included."""
     passes = []
     real = loop.forward_batch
     monkeypatch.setattr(loop, "forward_batch", lambda rows: passes.append([(r.model, len(r.tokens)) for r in rows])
@@ -274,11 +275,13 @@ def test_a_new_prompt_runs_in_the_running_rows_pass(decoder, monkeypatch):
             out.setdefault(a.key, []).extend(t for c in chunks for t in c.tokens)
     long_prompt = decoder.encode(PROMPTS[3])
     second = scheduler.admit("b", long_prompt, CONFIGS[4], speculative=False)
-    n_before = len(passes)
+    n_before, sizes = len(passes), []
     while scheduler.running:
         for a, chunks in scheduler.step():
             out.setdefault(a.key, []).extend(t for c in chunks for t in c.tokens)
+        sizes.append(scheduler.pass_tokens)
     shared = passes[n_before]  # the first pass after the admission
+    assert sizes == [sum(n for _, n in pass_) for pass_ in passes[n_before:]]  # what /metrics observes
     assert (second.seq.slot.target, len(long_prompt) - 1) in shared  # the prompt minus its pending token
     assert (first.seq.slot.target, 1) in shared  # beside the running row
     assert second.seq.stats.t_prefill > 0 and second.seq.stats.cached_tokens == 0
