@@ -63,7 +63,10 @@ def test_k_token_pass_matches_one_token_passes(model, tokenizer):
     single = torch.cat([model.forward([t], n_logits=1) for t in ids[-6:]])
     assert batched.shape == single.shape == (6, model.vocab_size)
     diff = (batched - single).abs().max().item()
-    assert diff < 0.5, f"max |logit difference| {diff}"  # rounding of batched vs one-token kernels
+    # rounding of batched vs one-token kernels: llama.cpp quantises activations per pass, up to
+    # ~0.6 (LlamaCppModel.logit_tolerance; 0.502 measured on one build of 0.3.36); a wrong position
+    # or cache would move logits by whole units
+    assert diff < 0.75, f"max |logit difference| {diff}"
     assert (batched.argmax(-1) == single.argmax(-1)).all()
 
 
