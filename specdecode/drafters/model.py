@@ -10,6 +10,11 @@ pass. That one mechanism covers both rollback cases:
 A longer catch-up (the prompt, or text emitted while the drafter sat out) is fed
 as its own pass, so the reported per-step time is the marginal cost of a draft token.
 
+Batching: each slot of a batch drafts on its own sequence of the draft model (`fork`), and
+`draft_together` runs their drafting in lockstep (`drafting` yields each pass it needs): the
+catch-ups in one pass, then each draft step of every sequence still drafting in one pass, so
+K draft steps cost K batched passes, not K per sequence.
+
 The draft never runs past its own context (`model.max_length`), which may be shorter
 than the target's: K is cut to the room left, and once the context itself no longer
 fits, the drafter proposes nothing and the loop takes plain target steps.
@@ -40,17 +45,46 @@ pool the alternatives of its depth are drawn from, so they never repeat it.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Generator, Sequence
 
 import time
 
 import torch
 
-from specdecode.backends.protocol import Model, common_prefix
+from specdecode.backends.protocol import Model, Row, common_prefix, forward_batch
 from specdecode.core.probs import SamplingParams, logits_to_probs
 from specdecode.core.reproducible import sample_token
 from specdecode.core.tree import remove
 from specdecode.drafters.protocol import ContinuationSource, Proposal
+
+
+# a sequence's drafting as the passes it needs (ModelDrafter.drafting): yields Rows (the first may be
+# None), is sent their logits, returns the Proposal
+Drafting = Generator["Row | None", "torch.Tensor | None", Proposal]
+
+
+def draft_together(draftings: list[Drafting]) -> list[Proposal]:
+    """Several sequences' drafting in lockstep: every catch-up in one pass, then one pass per draft
+    step over the sequences still drafting (each leaves at its own K or confidence stop). Each
+    sequence samples from its own generator, so what it drafts does not depend on its batch."""
+    proposals: list[Proposal | None] = [None] * len(draftings)
+    waiting: dict[int, Row | None] = {}
+    for i, drafting in enumerate(draftings):
+        try:
+            waiting[i] = next(drafting)
+        except StopIteration as end:
+            proposals[i] = end.value
+    while waiting:
+        ready = [i for i, row in waiting.items() if row is not None]
+        logits = dict(zip(ready, forward_batch([waiting[i] for i in ready]))) if ready else {}
+        after: dict[int, Row | None] = {}
+        for i in waiting:
+            try:
+                after[i] = draftings[i].send(logits.get(i))
+            except StopIteration as end:
+                proposals[i] = end.value
+        waiting = after
+    return proposals  # type: ignore[return-value]
 
 
 def _one_hot(like: torch.Tensor, x: int) -> torch.Tensor:
@@ -81,6 +115,13 @@ class ModelDrafter:
 
     def propose(self, context: Sequence[int], k: int, params: SamplingParams,
                 generator: torch.Generator) -> Proposal:
+        return draft_together([self.drafting(context, k, params, generator)])[0]
+
+    def drafting(self, context: Sequence[int], k: int, params: SamplingParams,
+                 generator: torch.Generator) -> "Drafting":
+        """`propose` as the passes it needs, for `draft_together` to run several sequences' drafts
+        in lockstep: yields the catch-up pass's Row (None when in sync), then each draft step's
+        Row, is sent each pass's logits, and returns the Proposal."""
         # Never run past the draft's own context (it may be shorter than the target's): drafting
         # k tokens feeds len(context) + k - 1 of them (the last draft is not fed). With no room
         # for even the context, propose nothing: the loop then takes a plain target step.
@@ -90,15 +131,17 @@ class ModelDrafter:
         self._rollback_to_common_prefix(context)
         feed = list(context[len(self._fed):])
         if len(feed) > 2:  # catch up separately: a long feed is not the cost of a draft step
-            self.model.forward(feed[:-1], n_logits=1)
+            yield Row(self.model, feed[:-1], 1)
             self._fed.extend(feed[:-1])
             feed = feed[-1:]
+        else:
+            yield None
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         ranks: list[torch.Tensor] = []  # what alternatives are ranked by (the raw distribution when greedy)
         t0 = time.perf_counter()
         for _ in range(k):
-            logits = self.model.forward(feed, n_logits=1)
+            logits = yield Row(self.model, feed, 1)
             self._fed.extend(feed)
             raw = torch.softmax(logits[0].float(), -1) if self.min_confidence or params.greedy else None
             if self.min_confidence and float(raw.max()) < self.min_confidence:
@@ -110,6 +153,7 @@ class ModelDrafter:
             rows.append(q_i)
             ranks.append(raw if params.greedy else q_i)
             feed = [x]  # the last draft is not fed this round: the next sync catches it up
+        # per step of this sequence: in a batch, a step's pass carries the other sequences' steps too
         step = (time.perf_counter() - t0) / max(1, len(tokens))
         if self.tree and tokens:
             return self._with_alternatives(context, tokens, rows, ranks, params, generator, step)
@@ -177,8 +221,8 @@ class ModelDrafter:
         return feed - 1 if feed > 2 else 0
 
     def fork(self) -> "ModelDrafter":
-        """Another slot's draft: a sibling sequence of the draft model (its own cache). Its draft
-        steps run per sequence, not batched across the slots (README, batching)."""
+        """Another slot's draft: a sibling sequence of the draft model (its own cache; on llama.cpp
+        the same context, so `draft_together` runs the slots' draft steps in one pass)."""
         return ModelDrafter(self.model.sibling(), self.min_confidence, self.tree, self.min_gain,
                             None if self.branches is None else self.branches.fork())
 

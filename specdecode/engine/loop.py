@@ -35,6 +35,7 @@ from specdecode.core.probs import SamplingParams, logits_to_probs
 from specdecode.core.reproducible import CounterNoise, sample_token, verify_equal, verify_tree_equal
 from specdecode.core.tree import DraftTree, verify_tree
 from specdecode.core.verify import Randomness, verify
+from specdecode.drafters.model import Drafting, draft_together
 from specdecode.drafters.protocol import Drafter, Proposal
 from specdecode.engine.config import GenerationConfig
 from specdecode.engine.policy import ALONE, AdaptiveK, BatchLoad, FixedK, KPolicy
@@ -242,49 +243,90 @@ def speculative_round(target: Model, drafters: Seq[Drafter], policy: KPolicy, co
 
 def speculative_rounds(jobs: Seq[RoundJob], prefills: Seq[Row] = ()) -> list[RoundOutcome]:
     """One round for each job: each drafts, one pass verifies them all (with `prefills`, rows of
-    prompts whose logits nobody reads), each is verified alone."""
-    rows, drafts_of, shadows, timing = list(prefills), [], [], []
-    # what the rows so far put into the pass, and are expected to emit (the drafting rows weigh
-    # their drafts against this load: a pass carrying a prompt is a big one)
+    prompts whose logits nobody reads), each is verified alone.
+
+    K is chosen row by row, each row against what the rows before it put into the pass. A draft
+    model's steps are deferred and run for all rows together (`draft_together`: one pass per
+    step), so until they have run a later row counts such a row at its planned K."""
     tokens, expected = sum(len(row.tokens) for row in prefills), 0.0
     shared = len(jobs) > 1 or bool(prefills)  # other rows in the pass
+    plans: list[_Draft] = []
     for i, job in enumerate(jobs):
-        room = job.target.max_length - job.target.length - 1  # positions left after `pending`
         later = len(jobs) - i - 1  # rows still to draft: one token each, for now
         load = BatchLoad(tokens + later, expected + later) if shared else ALONE
         t0 = time.perf_counter()
-        drafter, proposal, shadow = _draft(job.drafters, job.policy, job.context, min(job.k_cap, room), job.params,
-                                           job.generator, load)
-        k = len(proposal.tokens) if proposal is not None else 0  # the chain's K (a tree's alternatives aside)
-        if proposal is not None and proposal.parents is not None:
-            k = len(DraftTree(proposal.tokens, proposal.parents).main_chain())
-        if proposal is not None and proposal.gains:  # a tree: the cost model decides how many alternatives pay
-            gains = sorted(proposal.gains, reverse=True)
-            proposal = proposal.keep_alternatives(
-                min(job.policy.tree_alternatives(drafter.name, k, gains, load), room - k))
-        t_draft = time.perf_counter() - t0
-        drafts = proposal.tokens if proposal else []
-        if proposal is not None and proposal.parents is not None:  # a tree: the root, then its nodes
-            size = len(drafts) + 1
-            rows.append(Row(job.target, [job.context[-1]] + drafts, size, [-1] + [p + 1 for p in proposal.parents]))
-        else:
-            # padding to a cheaper pass size only pays when the row has the pass to itself
-            size = 1 if not drafts else len(drafts) + 1 if shared else \
-                min(job.policy.verify_size(len(drafts) + 1), room + 1)
-            padding = [drafts[-1]] * (size - len(drafts) - 1) if drafts else []  # ignored positions
-            rows.append(Row(job.target, [job.context[-1]] + drafts + padding, size))
-        drafts_of.append((drafter, proposal))
-        shadows.append(shadow)
-        timing.append(t_draft)
-        tokens += size
-        expected += job.policy.expected_tokens(drafter.name, k) if drafts else 1.0  # (alternatives: no prior)
+        plan = _draft(job.drafters, job.policy, job.context, min(job.k_cap, _room(job)), job.params,
+                      job.generator, load, defer=True)
+        if plan.drafting is None:
+            _settle(job, plan, shared)
+        plan.t_draft = time.perf_counter() - t0
+        plans.append(plan)
+        tokens += len(plan.row.tokens) if plan.row is not None else plan.k + 1
+        expected += job.policy.expected_tokens(plan.drafter.name, plan.k) if plan.k else 1.0
+    deferred = [(job, plan) for job, plan in zip(jobs, plans) if plan.drafting is not None]
+    if deferred:
+        t0 = time.perf_counter()
+        proposals = draft_together([plan.drafting for _, plan in deferred])
+        t_together = time.perf_counter() - t0  # every row in it waited all of it
+        for (job, plan), proposal in zip(deferred, proposals):
+            t1 = time.perf_counter()
+            plan.proposal, plan.drafting = _within(proposal, plan.k), None
+            if not proposal.tokens and plan.rest:  # nothing drafted: the next drafters, as `_draft` would
+                again = _draft(plan.rest, job.policy, job.context, min(job.k_cap, _room(job)), job.params,
+                               job.generator, plan.load)
+                plan.drafter, plan.proposal, plan.shadow = again.drafter, again.proposal, plan.shadow or again.shadow
+            _settle(job, plan, shared)
+            plan.t_draft += t_together + time.perf_counter() - t1
+    rows = list(prefills) + [plan.row for plan in plans]
     t1 = time.perf_counter()
     logits_of = forward_batch(rows)[len(prefills):]
     t_pass = time.perf_counter() - t1
-    rows = rows[len(prefills):]
-    return [_verify_row(job, drafter, proposal, logits, t_draft, t_pass, size, tokens, shadow)
-            for job, (drafter, proposal), shadow, logits, t_draft, (_, _, size, _)
-            in zip(jobs, drafts_of, shadows, logits_of, timing, rows)]
+    tokens = sum(len(row.tokens) for row in rows)
+    return [_verify_row(job, plan.drafter, plan.proposal, logits, plan.t_draft, t_pass, len(plan.row.tokens), tokens,
+                        plan.shadow)
+            for job, plan, logits in zip(jobs, plans, logits_of)]
+
+
+@dataclass(slots=True)
+class _Draft:
+    """One row's drafting in a round: who drafted what, and the row it puts into the pass."""
+
+    drafter: Drafter | None
+    proposal: Proposal | None
+    shadow: tuple[str, int] | None  # a free drafter given K = 0, and its first token (`_draft`)
+    load: BatchLoad = ALONE  # what the rows before it put into the pass
+    drafting: Drafting | None = None  # a draft model's steps, still to run with the other rows' (planned K)
+    rest: Seq[Drafter] = ()  # the drafters after it, asked if it drafts nothing
+    k: int = 0  # the chain's K (a tree's alternatives aside); while deferred, the planned K
+    row: Row | None = None
+    t_draft: float = 0.0
+
+
+def _room(job: RoundJob) -> int:
+    return job.target.max_length - job.target.length - 1  # positions left after `pending`
+
+
+def _settle(job: RoundJob, plan: _Draft, shared: bool) -> None:
+    """With the proposal known: cut a tree to the alternatives that pay, and build the row."""
+    proposal, room = plan.proposal, _room(job)
+    k = len(proposal.tokens) if proposal is not None else 0
+    if proposal is not None and proposal.parents is not None:
+        k = len(DraftTree(proposal.tokens, proposal.parents).main_chain())
+    if proposal is not None and proposal.gains:  # a tree: the cost model decides how many alternatives pay
+        gains = sorted(proposal.gains, reverse=True)
+        proposal = plan.proposal = proposal.keep_alternatives(
+            min(job.policy.tree_alternatives(plan.drafter.name, k, gains, plan.load), room - k))
+    plan.k = k
+    drafts = proposal.tokens if proposal else []
+    if proposal is not None and proposal.parents is not None:  # a tree: the root, then its nodes
+        size = len(drafts) + 1
+        plan.row = Row(job.target, [job.context[-1]] + drafts, size, [-1] + [p + 1 for p in proposal.parents])
+        return
+    # padding to a cheaper pass size only pays when the row has the pass to itself
+    size = 1 if not drafts else len(drafts) + 1 if shared else \
+        min(job.policy.verify_size(len(drafts) + 1), room + 1)
+    padding = [drafts[-1]] * (size - len(drafts) - 1) if drafts else []  # ignored positions
+    plan.row = Row(job.target, [job.context[-1]] + drafts + padding, size)
 
 
 def _verify_row(job: RoundJob, drafter: Drafter | None, proposal: Proposal | None, logits: torch.Tensor,
@@ -353,13 +395,14 @@ def _verify_tree_row(job: RoundJob, drafter: Drafter, proposal: Proposal, p: tor
 
 
 def _draft(drafters: Seq[Drafter], policy: KPolicy, context: list[int], k_cap: int, params: SamplingParams,
-           generator: torch.Generator, load: BatchLoad = ALONE
-           ) -> tuple[Drafter | None, Proposal | None, tuple[str, int] | None]:
-    """Ask the drafters in order; the first non-empty proposal (cut to K) wins. Also returns the
+           generator: torch.Generator, load: BatchLoad = ALONE, defer: bool = False) -> _Draft:
+    """Ask the drafters in order; the first non-empty proposal (cut to K) wins. Also gives the
     shadow: (name, token) of the first free drafter given K = 0, and the token it would have
-    drafted first (the policy learns its acceptance from the target's p at no cost)."""
+    drafted first (the policy learns its acceptance from the target's p at no cost).
+    defer: a draft model's steps are not run but returned (`_Draft.drafting`) for
+    `draft_together`, with the drafters after it in case it drafts nothing."""
     shadow = None
-    for drafter in drafters:
+    for n, drafter in enumerate(drafters):
         lag = getattr(drafter, "lag", None)  # tokens a stateful drafter must catch up on first
         k = min(policy.choose(drafter.name, lag(context) if lag else 0, load), k_cap)
         if k < 1:
@@ -367,13 +410,20 @@ def _draft(drafters: Seq[Drafter], policy: KPolicy, context: list[int], k_cap: i
                 guess = drafter.continuation(context, (), 1)  # its chain's first token; no tree, no model
                 shadow = (drafter.name, guess[0]) if guess else None
             continue
+        if defer and hasattr(drafter, "drafting"):
+            return _Draft(drafter, None, shadow, load, drafter.drafting(context, k, params, generator),
+                          drafters[n + 1:], k)
         proposal = drafter.propose(context, k, params, generator)
-        if proposal.tokens and proposal.parents is not None:  # a tree (its chain already within k)
-            return drafter, proposal, shadow
         if proposal.tokens:
-            q = None if proposal.q is None else proposal.q[:k]
-            return drafter, Proposal(proposal.tokens[:k], q, proposal.step_seconds), shadow
-    return None, None, shadow
+            return _Draft(drafter, _within(proposal, k), shadow, load)
+    return _Draft(None, None, shadow, load)
+
+
+def _within(proposal: Proposal, k: int) -> Proposal:
+    """A chain cut to K tokens (a tree's chain is already within K)."""
+    if proposal.parents is not None or len(proposal.tokens) <= k:
+        return proposal
+    return Proposal(proposal.tokens[:k], None if proposal.q is None else proposal.q[:k], proposal.step_seconds)
 
 
 def calibrate(policy: KPolicy, target: Model, drafters: Seq[Drafter], prompt: Seq[int],

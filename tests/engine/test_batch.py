@@ -23,6 +23,7 @@ from specdecode.backends import protocol
 from specdecode.core.probs import GREEDY, SamplingParams
 from specdecode.core.verify import VerifyResult
 from specdecode.drafters.lookup import LookupDrafter
+from specdecode.drafters import model as draft_model
 from specdecode.drafters.model import ModelDrafter
 from specdecode.engine import loop
 from specdecode.engine.config import GenerationConfig
@@ -287,3 +288,57 @@ def test_a_new_prompt_runs_in_the_running_rows_pass(decoder, monkeypatch):
     assert second.seq.stats.t_prefill > 0 and second.seq.stats.cached_tokens == 0
     assert out["a"] == decoder.generate(PROMPTS[1], CONFIGS[0], speculative=False).tokens
     assert out["b"] == decoder.generate(PROMPTS[3], CONFIGS[4], speculative=False).tokens
+
+
+@pytest.fixture(scope="module")
+def model_only():
+    """The draft model as the only drafter, K fixed: every row drafts each round."""
+    target, draft = tiny_pair(seed=3, noise=0.05, dtype=torch.float32)
+    return SpeculativeDecoder(target, char_tokenizer(), [ModelDrafter(draft)], eos_ids=[0], max_batch=4)
+
+
+MODEL_PROMPTS = [PROMPTS[0], PROMPTS[1], PROMPTS[3], PROMPTS[5]]  # each long enough for a catch-up pass
+MODEL_CONFIGS = [GenerationConfig(max_new_tokens=20, sampling=GREEDY, k=3),
+                 GenerationConfig(max_new_tokens=14, sampling=SAMPLED, k=2, seed=5),
+                 GenerationConfig(max_new_tokens=9, sampling=GREEDY, k=1),
+                 GenerationConfig(max_new_tokens=16, sampling=SAMPLED, k=3, seed=2)]
+
+
+def draft_passes(monkeypatch) -> list[list[int]]:
+    """Record every pass of the draft model's lockstep drafting: the length of each row."""
+    passes, real = [], draft_model.forward_batch
+    monkeypatch.setattr(draft_model, "forward_batch",
+                        lambda rows: passes.append([len(r.tokens) for r in rows]) or real(rows))
+    return passes
+
+
+def test_draft_steps_run_together_and_each_row_leaves_at_its_own_k(model_only, monkeypatch):
+    """Four rows drafting K = 3, 2, 1, 3 take 3 draft passes a round (after the first round's
+    catch-up), not 9, each step carrying the rows still drafting; and each row's tokens are
+    its solo run's (sampled rows draw their drafts from their own generators)."""
+    solo = alone(model_only, MODEL_PROMPTS, MODEL_CONFIGS)
+    passes = draft_passes(monkeypatch)
+    scheduler = Scheduler(model_only)
+    active = [scheduler.admit(i, model_only.encode(MODEL_PROMPTS[i]), MODEL_CONFIGS[i]) for i in range(4)]
+    scheduler.step()  # the prompts' pass: nobody drafts yet
+    passes.clear()
+    scheduler.step()  # every row drafts: catch-up on the prompts, then K steps in lockstep
+    assert [len(p) for p in passes] == [4, 4, 3, 2]  # catch-ups, then step 1 (all), 2 (K >= 2), 3 (K = 3)
+    assert all(n <= 2 for p in passes[1:] for n in p)  # a draft step feeds one or two tokens
+    assert [a.seq.stats.rounds[-1].drafted for a in active] == [3, 2, 1, 3]
+    out = {i: list(a.seq.tokens) for i, a in enumerate(active)}
+    while scheduler.running:
+        for a, chunks in scheduler.step():
+            out[a.key] += [t for c in chunks for t in c.tokens]
+    assert [out[i] for i in range(4)] == [s.tokens for s in solo]
+
+
+def test_draft_rows_mixed_up_in_lockstep_are_caught(model_only, monkeypatch):
+    """Negative control: rows of the draft model's batched step seeing each other's logits."""
+    real = protocol.forward_batch
+    monkeypatch.setattr(draft_model, "forward_batch", lambda rows: real(rows)[-1:] + real(rows)[:-1] if len(rows) > 1
+                        else real(rows))
+    solo = alone(model_only, MODEL_PROMPTS, MODEL_CONFIGS)
+    with pytest.raises((AssertionError, RuntimeError, ValueError, IndexError)):
+        batched = model_only.generate_many(MODEL_PROMPTS, MODEL_CONFIGS)
+        assert [b.tokens for b in batched] == [s.tokens for s in solo]
