@@ -84,8 +84,8 @@ def check_same_sample_as_cpu(device: str) -> None:
 class WrongQDrafter(ModelDrafter):
     """Negative control: reports q with its mass moved (not the distribution it sampled from)."""
 
-    def propose(self, context, k, params, generator) -> Proposal:
-        proposal = super().propose(context, k, params, generator)
+    def drafting(self, context, k, params, generator):  # what the loop runs (propose drives it too)
+        proposal = yield from super().drafting(context, k, params, generator)
         q = proposal.q.roll(1, dims=-1)
         return Proposal(proposal.tokens, q, proposal.step_seconds)
 

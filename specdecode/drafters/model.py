@@ -115,6 +115,8 @@ class ModelDrafter:
 
     def propose(self, context: Sequence[int], k: int, params: SamplingParams,
                 generator: torch.Generator) -> Proposal:
+        """`drafting` run alone. The loop runs `drafting` itself (with the batch's other rows), so a
+        subclass changes what it proposes there, not here."""
         return draft_together([self.drafting(context, k, params, generator)])[0]
 
     def drafting(self, context: Sequence[int], k: int, params: SamplingParams,

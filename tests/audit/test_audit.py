@@ -62,8 +62,8 @@ def test_injected_bug_residual_from_p_fails(pair):
 class QBeforeTopP(ModelDrafter):
     """Injected bug: samples after top-p but reports q as the softmax *before* top-p."""
 
-    def propose(self, context, k, params, generator) -> Proposal:
-        proposal = super().propose(context, k, params, generator)
+    def drafting(self, context, k, params, generator):  # what the loop runs (propose drives it too)
+        proposal = yield from super().drafting(context, k, params, generator)
         without_top_p = SamplingParams(temperature=params.temperature)  # the bug
         wrong_q = []
         for i in range(len(proposal.tokens)):

@@ -135,8 +135,8 @@ def test_restricted_head_draft_is_exact(pair):
 class RawQDrafter(ModelDrafter):
     """A real-world bug: samples from the processed q but reports the raw softmax as q."""
 
-    def propose(self, context, k, params, generator) -> Proposal:
-        proposal = super().propose(context, k, params, generator)
+    def drafting(self, context, k, params, generator):  # what the loop runs (propose drives it too)
+        proposal = yield from super().drafting(context, k, params, generator)
         raw = []
         self.model.truncate(0)
         for i in range(len(proposal.tokens)):
