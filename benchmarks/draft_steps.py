@@ -14,6 +14,7 @@ import argparse
 import statistics
 import time
 
+from specdecode.cli.generate import positive_int
 from specdecode.core.probs import GREEDY
 from specdecode.drafters import model as draft_model
 from specdecode.engine.config import GenerationConfig
@@ -25,8 +26,8 @@ PROMPTS = ["def fibonacci(n):", "Write a Python function that reverses a string.
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=positive_int, default=48)
+    ap.add_argument("--k", type=positive_int, default=3, help="draft tokens per round (fixed)")
     args = ap.parse_args()
     decoder = SpeculativeDecoder.load(drafter="model", max_batch=len(PROMPTS), progress=False)
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, sampling=GREEDY, k=args.k)

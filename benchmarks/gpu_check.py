@@ -146,7 +146,7 @@ def _old_transformers() -> str | None:
     from packaging.requirements import Requirement
 
     project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
-    wanted = next(Requirement(d) for d in project["dependencies"] if Requirement(d).name == "transformers")
+    wanted = next(r for r in map(Requirement, project["dependencies"]) if r.name == "transformers")
     if transformers.__version__ in wanted.specifier:
         return None
     return (f"transformers {transformers.__version__} is installed, pyproject.toml asks for {wanted}: install that "
