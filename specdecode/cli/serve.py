@@ -6,6 +6,7 @@ import argparse
 
 from specdecode.cli.generate import add_model_args, load_decoder, non_negative_int, port_number, positive_int
 from specdecode.cli.output import err_console
+from specdecode.engine.config import DEFAULT_PREFILL_TOKENS
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -26,6 +27,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="host memory for copies of finished requests' prompt and output K/V, restored when a later "
                         "prompt starts the same way (a shared system prompt, a chat's earlier turns) instead of "
                         "computed again (default 1024 MiB, about 36k tokens of the embedded target; 0 = off)")
+    p.add_argument("--prefill-chunk", type=positive_int, default=DEFAULT_PREFILL_TOKENS,
+                   help="prompt tokens computed per round, beside the running requests' tokens: a long prompt runs "
+                        "in pieces this size, so the streams already running pause for one piece at a time "
+                        f"(default {DEFAULT_PREFILL_TOKENS}; smaller: steadier streams, a later first token for "
+                        "long prompts)")
     p.add_argument("--model-id", default=None, help="the model name clients send (default: the target's)")
     p.add_argument("--max-body-bytes", type=positive_int, default=4 * 2 ** 20,
                    help="largest request body accepted (then 413; default 4 MiB)")
@@ -49,7 +55,7 @@ def run_serve(args: argparse.Namespace) -> int:
     decoder = load_decoder(args)
     model_id = args.model_id or decoder.target.name.split(":")[-1]
     app = create_app(decoder, model_id, max_queue=args.queue_size, max_body_bytes=args.max_body_bytes,
-                     prompt_cache_bytes=args.prompt_cache_mb * 2 ** 20)
+                     prompt_cache_bytes=args.prompt_cache_mb * 2 ** 20, prefill_tokens=args.prefill_chunk)
     err_console.print(f"serving {model_id!r} on http://{args.host}:{args.port}/v1")
     serve(app, args.host, args.port, drain_seconds=args.drain_seconds, keep_alive_seconds=args.keep_alive_seconds)
     return 0

@@ -8,6 +8,12 @@ from specdecode.core import VERIFY_RULES
 from specdecode.core.probs import SamplingParams
 
 DRAFTER_CHOICES = ("auto", "model", "lookup", "suffix")  # SpeculativeDecoder.load(drafter=...), --drafter
+# prompt tokens per pass while requests run (engine/scheduler.py, --prefill-chunk). Measured on the
+# embedded pair, a 2,219-token prompt arriving beside two streams (benchmarks/prefill_stall.py, 2 runs):
+# the streams paused at most 4.6-6.4 s with 256, 10.3-10.5 s with 512, 3.6 s with 128 and 34-41 s
+# with the whole prompt in one pass; all three requests were done in 50-58 s with 256, 57 s with 512,
+# 47-58 s whole, 58-67 s with 128 (small pieces compute fewer prompt tokens a second).
+DEFAULT_PREFILL_TOKENS = 256
 
 
 @dataclass(frozen=True, slots=True)

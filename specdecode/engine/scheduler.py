@@ -1,14 +1,15 @@
 """Continuous batching: requests join and leave a running batch between rounds.
 
 The scheduler owns the decoder's slots. `admit` puts a request into a free slot and its
-prompt into the next round's pass (bounded per round: `can_admit` lets at most
-`prefill_tokens` prompt tokens in between two rounds, at least one request, so a long
-prompt does not stall the running streams for long); `step` runs one round of every
-running request in one target pass, with the new requests' prompts in the same pass (as
-llama.cpp's server does: the running rows advance while a prompt is processed, instead of
-waiting for a pass of its own), and returns each one's new text (a request that started in
-this pass gets its first tokens in the next); a request that ends, or that the caller `release`s
-(a client that left), frees its slot at once. A freed slot keeps its request's context
+prompt in line to run; `step` runs one round of every running request in one target pass,
+with the next piece of the waiting prompts in the same pass (as llama.cpp's server does: the
+running rows advance while a prompt is processed, instead of waiting for a pass of its own),
+and returns each one's new text. Chunked prefill: a pass holds at most `prefill_tokens`
+tokens of prompts (less the running rows' one token each), taken in admission order, so a
+long prompt is computed over several rounds and never stalls the running streams for more
+than one such pass; a request whose prompt has run gets its first tokens in the next round.
+A request that ends, or that the caller `release`s (a client that left, even mid-prompt),
+frees its slot at once. A freed slot keeps its request's context
 (a prefix cache): `admit` picks the free slot holding the longest start of the new prompt.
 With a prompt cache in host memory (`cache_bytes`, engine/prompt_cache.py) a slot's context
 is copied there before a different prompt overwrites it, and restored into a slot when a
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from typing import Hashable, Iterator, Sequence
 
 from specdecode.backends.protocol import Row, common_prefix
-from specdecode.engine.config import GenerationConfig
+from specdecode.engine.config import DEFAULT_PREFILL_TOKENS, GenerationConfig
 from specdecode.engine.decoder import Chunk, Generation, SpeculativeDecoder, TextAssembler
 from specdecode.engine.loop import start, step
 from specdecode.engine.prompt_cache import PromptCache
@@ -41,11 +42,13 @@ class Active:
 
 
 class Scheduler:
-    def __init__(self, decoder: SpeculativeDecoder, prefill_tokens: int = 512, cache_bytes: int = 0) -> None:
-        """cache_bytes: the prompt cache's bound in host memory (0: none; the target's backend must
-        have `snapshot`/`restore`, as llama.cpp and transformers do)."""
-        if prefill_tokens < 1:
-            raise ValueError(f"prefill_tokens must be >= 1, got {prefill_tokens}")
+    def __init__(self, decoder: SpeculativeDecoder, prefill_tokens: int = DEFAULT_PREFILL_TOKENS,
+                 cache_bytes: int = 0) -> None:
+        """prefill_tokens: the most prompt tokens a pass computes, running rows included (module
+        docstring). cache_bytes: the prompt cache's bound in host memory (0: none; the target's
+        backend must have `snapshot`/`restore`, as llama.cpp and transformers do)."""
+        if isinstance(prefill_tokens, bool) or not isinstance(prefill_tokens, int) or prefill_tokens < 1:
+            raise ValueError(f"prefill_tokens must be an integer >= 1, got {prefill_tokens!r}")
         self.decoder, self.prefill_tokens = decoder, prefill_tokens
         self.prompt_cache = PromptCache(cache_bytes) if cache_bytes and hasattr(decoder.target, "snapshot") \
             else None
@@ -54,15 +57,13 @@ class Scheduler:
         # with that request's sequence (still the cache's owner unless something else used the target since)
         self.cached: dict[int, tuple[Seq, list[int]]] = {}
         self.running: list[Active] = []
-        self._prompts: dict[Active, Row] = {}  # requests admitted since the last round: their prompts' rows
-        self._prefilled = 0  # prompt tokens admitted since the last round
-        self.pass_tokens = 0  # tokens in the last round's pass, new prompts' rows included (0: no pass)
+        # admitted requests whose prompts have not all run: the part still to run, in admission order
+        self._prompts: dict[Active, Row] = {}
+        self.pass_tokens = 0  # tokens in the last round's pass, prompts' pieces included (0: no pass)
 
-    def can_admit(self, prompt_tokens: int) -> bool:
-        """A free slot, and this prompt fits the prefill allowance of this round (the first always does,
-        and so does any while nothing is running: there is no stream to stall)."""
-        return bool(self.free) and (self._prefilled == 0 or not self.running
-                                    or self._prefilled + prompt_tokens <= self.prefill_tokens)
+    def can_admit(self) -> bool:
+        """A free slot (a long prompt waits its turn in pieces, not at the door: `step`)."""
+        return bool(self.free)
 
     def admit(self, key: Hashable, ids: Sequence[int], config: GenerationConfig, speculative: bool = True,
               stats: GenerationStats | None = None) -> Active:
@@ -82,7 +83,6 @@ class Scheduler:
         except BaseException:
             self._free(slot)
             raise
-        self._prefilled += len(seq.prompt)
         active = Active(key, seq, TextAssembler(self.decoder.tokenizer, config.stop, seq.stats))
         self.running.append(active)
         if prompt is not None:
@@ -92,20 +92,19 @@ class Scheduler:
     def step(self) -> list[tuple[Active, list[Chunk]]]:
         """One round of every running request; those that end leave the batch (their last text included).
         If the round fails, every running request is released and the error raised."""
-        starting, self._prompts = self._prompts, {}
-        batch = [a for a in self.running if a not in starting]
-        self._prefilled = 0
+        batch = [a for a in self.running if a not in self._prompts]
+        pieces = self._prompt_pieces(len(batch))
         t0 = time.perf_counter()
         try:
-            rounds = step([a.seq for a in batch], list(starting.values()))
+            rounds = step([a.seq for a in batch], [row for _, row in pieces])
         except BaseException:
-            for a in batch + list(starting):
+            for a in list(self.running):
                 self.release(a, failed=True)
             raise
         # the prompts' share of the pass, by tokens, is their prefill time
-        t_pass, n_prompt = time.perf_counter() - t0, sum(len(row.tokens) for row in starting.values())
+        t_pass, n_prompt = time.perf_counter() - t0, sum(len(row.tokens) for _, row in pieces)
         self.pass_tokens = n_pass = n_prompt + sum(a.seq.stats.rounds[-1].verified for a in batch)
-        for a, row in starting.items():
+        for a, row in pieces:
             a.seq.stats.t_prefill += t_pass * len(row.tokens) / n_pass
         out = []
         for a, rnd in zip(batch, rounds):
@@ -119,13 +118,31 @@ class Scheduler:
             out.append((a, chunks))
         return out
 
+    def _prompt_pieces(self, running_rows: int) -> list[tuple[Active, Row]]:
+        """This round's pieces of the waiting prompts, in admission order: prefill_tokens tokens less
+        one per running row (so that, drafting aside, the pass stays within the bound), at least one.
+        A prompt whose last piece is taken leaves the line and decodes from the next round."""
+        room, pieces = max(1, self.prefill_tokens - running_rows), []
+        for active, row in list(self._prompts.items()):
+            if room <= 0:
+                break
+            n = min(room, len(row.tokens))
+            pieces.append((active, row._replace(tokens=row.tokens[:n])))
+            if n < len(row.tokens):
+                self._prompts[active] = row._replace(tokens=row.tokens[n:])
+            else:
+                del self._prompts[active]
+            room -= n
+        return pieces
+
     def release(self, active: Active, failed: bool = False) -> None:
         """Drop a request (ended, or its client left) and free its slot; the target keeps the
         request's context for a later prompt that starts the same way, unless its round failed."""
         if active in self.running:
             self.running.remove(active)
-            # one whose prompt has not run yet: its slot holds only the part of the prompt it reused
-            self._free(active.seq.slot, None if failed or self._prompts.pop(active, None) else active.seq)
+            prompting = self._prompts.pop(active, None) is not None
+            # after a failed round, or mid-prompt, what the slot holds is not worth tracking
+            self._free(active.seq.slot, None if failed or prompting else active.seq)
 
     def _recall(self, slot: Slot, ids: Sequence[int]) -> list[int]:
         """Make `slot` hold the longest start of `ids` that it or the prompt cache has; return the
@@ -185,7 +202,7 @@ def stream_batch(decoder: SpeculativeDecoder, ids: list[list[int]], configs: lis
     waiting = deque(range(len(ids)))
     try:
         while waiting or scheduler.running:
-            while waiting and scheduler.can_admit(len(ids[waiting[0]])):
+            while waiting and scheduler.can_admit():
                 i = waiting.popleft()
                 scheduler.admit(i, ids[i], configs[i], speculative, stats[i])
             for active, chunks in scheduler.step():

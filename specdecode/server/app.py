@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specdecode.core.probs import SamplingParams
-from specdecode.engine.config import GenerationConfig
+from specdecode.engine.config import DEFAULT_PREFILL_TOKENS, GenerationConfig
 from specdecode.engine.decoder import SpeculativeDecoder
 from specdecode.engine.stats import GenerationStats
 from specdecode.server.metrics import Metrics
@@ -62,9 +62,10 @@ def error_response(status: int, message: str, param: str | None = None,
 
 
 def create_app(decoder: SpeculativeDecoder, model_id: str, max_queue: int = 16,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, prompt_cache_bytes: int = 0) -> FastAPI:
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, prompt_cache_bytes: int = 0,
+               prefill_tokens: int = DEFAULT_PREFILL_TOKENS) -> FastAPI:
     metrics = Metrics()
-    jobs = GenerationQueue(decoder, metrics, max_queue, prompt_cache_bytes)
+    jobs = GenerationQueue(decoder, metrics, max_queue, prompt_cache_bytes, prefill_tokens)
     # tokenizing a long prompt takes seconds; on the event loop it would stall every other request
     tokenize_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="specdecode-tokenize")
 

@@ -26,7 +26,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from specdecode.engine.config import GenerationConfig
+from specdecode.engine.config import DEFAULT_PREFILL_TOKENS, GenerationConfig
 from specdecode.engine.decoder import Chunk, SpeculativeDecoder
 from specdecode.engine.scheduler import Scheduler
 from specdecode.engine.stats import GenerationStats
@@ -66,11 +66,11 @@ class Job:
 
 class GenerationQueue:
     def __init__(self, decoder: SpeculativeDecoder, metrics: Metrics, max_queue: int = 16,
-                 prompt_cache_bytes: int = 0) -> None:
+                 prompt_cache_bytes: int = 0, prefill_tokens: int = DEFAULT_PREFILL_TOKENS) -> None:
         if max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {max_queue}")
         self.decoder, self.metrics, self.max_queue = decoder, metrics, max_queue
-        self.scheduler = Scheduler(decoder, cache_bytes=prompt_cache_bytes)
+        self.scheduler = Scheduler(decoder, prefill_tokens, cache_bytes=prompt_cache_bytes)
         self._waiting: deque[Job] = deque()
         self._running: set[Job] = set()  # read by abort_all from another thread: under _cond
         self._closed: str | None = None  # the shutdown message once abort_all ran
@@ -117,11 +117,11 @@ class GenerationQueue:
             self._cond.notify()
 
     def _next(self) -> Job | None:
-        """The next waiting job that fits this round (None: none now). Blocks while idle."""
+        """The next waiting job, if a slot is free (None: none now). Blocks while idle."""
         with self._cond:
             while not self._waiting and not self.scheduler.running and not self._stop:
                 self._cond.wait()
-            if self._stop or not self._waiting or not self.scheduler.can_admit(len(self._waiting[0].ids)):
+            if self._stop or not self._waiting or not self.scheduler.can_admit():
                 return None
             job = self._waiting.popleft()
             self._running.add(job)

@@ -160,6 +160,7 @@ def test_read_only_cache_names_the_variable(capsys, tmp_path, monkeypatch):
 @pytest.mark.parametrize("argv, message", [
     (["serve", "--port", "70000"], "argument --port: must be a port number from 1 to 65535"),
     (["serve", "--queue-size", "-1"], "argument --queue-size: must be an integer >= 1"),
+    (["serve", "--prefill-chunk", "0"], "argument --prefill-chunk: must be an integer >= 1"),
 ])
 def test_serve_flags_are_checked_before_loading(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:

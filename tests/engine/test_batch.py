@@ -175,16 +175,65 @@ def test_batched_negative_control_fails(pair):
     assert batched_p_value(*pair, SamplingParams(temperature=0.7, top_k=3), rule=accept_all) < 1e-3
 
 
-def test_prefill_is_bounded_per_round_but_never_blocks_an_idle_scheduler(decoder):
-    scheduler = Scheduler(decoder, prefill_tokens=10)
-    first = scheduler.admit("a", list(range(1, 9)), CONFIGS[0])
-    assert not scheduler.can_admit(8)  # 8 + 8 > 10 while a stream runs: wait for the next round
-    scheduler.step()
-    assert scheduler.can_admit(8)  # a new round, a new allowance
-    scheduler.release(first)  # its client left before the next round
-    scheduler.admit("b", list(range(1, 9)), CONFIGS[0])
-    scheduler.release(scheduler.running[0])
-    assert scheduler.can_admit(500)  # nothing running: nothing to stall, admit at once
+def record_passes(monkeypatch) -> list[list[tuple[object, int]]]:
+    """Every target pass from now on: (the row's model, its tokens) per row."""
+    passes = []
+    real = loop.forward_batch
+    monkeypatch.setattr(loop, "forward_batch", lambda rows: passes.append([(r.model, len(r.tokens)) for r in rows])
+                        or real(rows))
+    return passes
+
+
+def test_a_long_prompt_runs_in_pieces_beside_the_running_rows(decoder, monkeypatch):
+    """Chunked prefill: a pass computes at most prefill_tokens tokens of prompts (less one per running
+    row), so a stream that runs advances in every pass while a long prompt arrives, and both decode
+    what they decode alone. The old way (the whole prompt in one pass) fails the bound. A request
+    that leaves mid-prompt frees its slot for the next, which decodes what it decodes alone."""
+    passes = record_passes(monkeypatch)
+    bound = 10
+    scheduler = Scheduler(decoder, prefill_tokens=bound)
+    short, long_ = PROMPTS[1], PROMPTS[3] + " " + PROMPTS[5] + " " + PROMPTS[3]
+    out: dict[str, list[int]] = {}
+
+    def step():
+        for a, chunks in scheduler.step():
+            out.setdefault(a.key, []).extend(t for c in chunks for t in c.tokens)
+
+    first = scheduler.admit("a", decoder.encode(short), CONFIGS[0], speculative=False)
+    step()
+    assert scheduler.can_admit()  # a free slot is all it takes: the prompt waits its turn in pieces
+    second = scheduler.admit("b", decoder.encode(long_), CONFIGS[4], speculative=False)
+    n_prompt = len(decoder.encode(long_)) - 1  # the last token is the first round's `pending`
+    assert n_prompt > 3 * bound
+    n_before = len(passes)
+    while not second.seq.tokens:
+        step()
+    prompt_passes = passes[n_before:-1]  # the last: the first round that decodes it
+    pieces = [n for pass_ in prompt_passes for model, n in pass_ if model is second.seq.slot.target]
+    assert sum(pieces) == n_prompt and len(pieces) >= 4
+    for pass_ in prompt_passes:  # the running row in every pass, the prompt's piece within the bound
+        assert (first.seq.slot.target, 1) in pass_
+        assert sum(n for model, n in pass_ if model is second.seq.slot.target) <= bound - 1
+    while scheduler.running:
+        step()
+    assert out["a"] == decoder.generate(short, CONFIGS[0], speculative=False).tokens
+    assert out["b"] == decoder.generate(long_, CONFIGS[4], speculative=False).tokens
+
+    # a client that leaves mid-prompt: its slot is free at once and its piece of the cache forgotten
+    for key in "cdef":  # prompts no slot holds the start of (else the prefix cache skips their prefill)
+        scheduler.admit(key, decoder.encode(key + long_), CONFIGS[4])
+    assert not scheduler.can_admit()
+    step()  # "c"'s first piece
+    leaving = scheduler.running[0]
+    assert leaving.seq.slot.target.length > 0 and not leaving.seq.tokens
+    scheduler.release(leaving)
+    assert scheduler.can_admit()
+    late = scheduler.admit("g", decoder.encode(short), CONFIGS[1])
+    assert late.seq.slot is leaving.seq.slot
+    while scheduler.running:
+        step()
+    assert out["g"] == decoder.generate(short, CONFIGS[1]).tokens
+    assert all(out[key] == decoder.generate(key + long_, CONFIGS[4]).tokens for key in "def")
 
 
 def record_kept(monkeypatch) -> list[int]:
@@ -264,10 +313,7 @@ def test_a_new_prompt_runs_in_the_running_rows_pass(decoder, monkeypatch):
     running row (which advances meanwhile: no pass of its own for the prompt), decodes from the
     next round, and both produce what they produce alone. The scheduler reports the whole pass's
     size, the prompt's row included."""
-    passes = []
-    real = loop.forward_batch
-    monkeypatch.setattr(loop, "forward_batch", lambda rows: passes.append([(r.model, len(r.tokens)) for r in rows])
-                        or real(rows))
+    passes = record_passes(monkeypatch)
     scheduler = Scheduler(decoder)
     out = {}
     first = scheduler.admit("a", decoder.encode(PROMPTS[1]), CONFIGS[0], speculative=False)

@@ -51,13 +51,14 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
 
-    def metric(self, name: str) -> float:
-        """Sum of all samples of a metric in /metrics (parsed as Prometheus text)."""
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of the samples of a metric in /metrics (parsed as Prometheus text) that carry `labels`
+        (e.g. le="32.0" for one bucket of a histogram)."""
         from prometheus_client.parser import text_string_to_metric_families
         total = 0.0
         for family in text_string_to_metric_families(httpx.get(self.url + "/metrics", timeout=5).text):
             for sample in family.samples:
-                if sample.name == name:
+                if sample.name == name and labels.items() <= sample.labels.items():
                     total += sample.value
         return total
 

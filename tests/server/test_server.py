@@ -238,3 +238,26 @@ def test_continuous_batching_load(model_dirs, engine):
         assert batched.metric("specdecode_cancelled_total") >= 1
     finally:
         batched.stop()
+
+
+def test_a_long_prompt_runs_in_pieces_beside_a_stream(model_dirs, engine):
+    """--prefill-chunk 6: a long prompt (288 tokens) that arrives while a stream runs is computed in
+    pieces, so no pass holds more than 6 prompt tokens beside the rows (at most 2 x 9 with drafts):
+    every pass is within the histogram's 32-token bucket, where the whole prompt in one pass would
+    not be. Both outputs equal the engine's alone."""
+    server = Server(model_dirs, "--drafter", "model", "--max-batch", "2", "--prefill-chunk", "6")
+    config = GenerationConfig(max_new_tokens=40, sampling=GREEDY, k=None)
+    short, long_ = "abc", "the cat sat on the mat. " * 12
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=240)
+        stream = iter(client.completions.create(model="tiny", prompt=short, max_tokens=40, temperature=0,
+                                                stream=True))
+        text = next(stream).choices[0].text  # the stream runs
+        got = client.completions.create(model="tiny", prompt=long_, max_tokens=40, temperature=0)
+        text += "".join(c.choices[0].text for c in stream)
+        assert text == engine.generate(short, config).text
+        assert got.choices[0].text == engine.generate(long_, config).text
+        passes = server.metric("specdecode_pass_tokens_count")
+        assert passes > 288 / 6 and server.metric("specdecode_pass_tokens_bucket", le="32.0") == passes
+    finally:
+        server.stop()
