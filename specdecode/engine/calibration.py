@@ -40,8 +40,13 @@ def signature(model) -> str:
     return str(getattr(model, "signature", None) or model.name)
 
 
+# what the stored costs measure; a file written under another version is measured anew
+# (2: a round's cost includes the work on the pass's logits, engine/loop.py's `time_pass`)
+COSTS_VERSION = 2
+
+
 def calibration_key(target, drafters: Sequence[Drafter]) -> str:
-    parts = [machine_id(), signature(target)]
+    parts = [f"costs v{COSTS_VERSION}", machine_id(), signature(target)]
     for d in drafters:
         model = getattr(d, "model", None)
         parts.append(d.name + (f"({signature(model)})" if model is not None else ""))

@@ -345,16 +345,7 @@ def _verify_row(job: RoundJob, drafter: Drafter | None, proposal: Proposal | Non
         job.target.truncate(job.target.length - (size - 1 - n))
         drafter.observe(len(drafts), n)
     elif drafts:
-        q = proposal.q
-        # every tensor on p's device (q comes from the draft model's); the randomness is drawn
-        # on the sequence's generator (CPU) and moved, so a seed's output depends neither on
-        # the device nor on the other rows of the batch
-        rand = Randomness.draw(1, len(drafts), p.shape[-1], job.generator, device=p.device)
-        draft_tokens = torch.tensor([drafts], dtype=torch.long, device=p.device)
-        result = job.rule(draft_tokens, None if q is None else q.to(device=p.device, dtype=p.dtype)[None], p[None],
-                          rand)
-        n = int(result.n_accepted[0])
-        emitted = result.emitted(0)
+        n, emitted = _judge(drafts, proposal.q, p, job.rule, job.generator)
         sources = [DRAFT] * n + [BONUS if n == len(drafts) else CORRECTION]
         job.target.truncate(job.target.length - (size - 1 - n))  # keep pending + the n accepted drafts
         drafter.observe(len(drafts), n)
@@ -365,6 +356,18 @@ def _verify_row(job: RoundJob, drafter: Drafter | None, proposal: Proposal | Non
         t_step = proposal.step_seconds if proposal.step_seconds is not None else t_draft / len(drafts)
     return RoundOutcome(emitted, sources, drafter.name if drafts else "none", len(drafts), n, size,
                         t_draft, t_pass, t_step, pass_tokens)
+
+
+def _judge(drafts: list[int], q: torch.Tensor | None, p: torch.Tensor, rule: VerifyRule,
+           generator: torch.Generator) -> tuple[int, list[int]]:
+    """A chain's verification: (drafts accepted, tokens emitted)."""
+    # every tensor on p's device (q comes from the draft model's); the randomness is drawn
+    # on the sequence's generator (CPU) and moved, so a seed's output depends neither on
+    # the device nor on the other rows of the batch
+    rand = Randomness.draw(1, len(drafts), p.shape[-1], generator, device=p.device)
+    draft_tokens = torch.tensor([drafts], dtype=torch.long, device=p.device)
+    result = rule(draft_tokens, None if q is None else q.to(device=p.device, dtype=p.dtype)[None], p[None], rand)
+    return int(result.n_accepted[0]), result.emitted(0)
 
 
 def _verify_tree_row(job: RoundJob, drafter: Drafter, proposal: Proposal, p: torch.Tensor, t_draft: float,
@@ -428,10 +431,11 @@ def _within(proposal: Proposal, k: int) -> Proposal:
 
 def calibrate(policy: KPolicy, target: Model, drafters: Seq[Drafter], prompt: Seq[int],
               params: SamplingParams) -> None:
-    """Measure the target's pass costs and each drafter's step cost after `prompt` (caches reset after)."""
+    """Measure the cost of a round of each size (the target's pass and the work on its logits, with
+    `params`) and each drafter's step cost after `prompt` (caches reset after)."""
     prompt = list(prompt)
     prefill(target, drafters, prompt)
-    policy.calibrate(lambda n: time_pass(target, prompt[-1], n),
+    policy.calibrate(lambda n: time_pass(target, prompt[-1], n, params),
                      {d.name: (lambda d=d: _time_step(d, prompt, params)) for d in drafters},
                      {d.name: (lambda d=d: _time_catchup(d, prompt, params)) for d in drafters if hasattr(d, "lag")})
 
@@ -461,13 +465,26 @@ def _time_catchup(drafter: Drafter, prompt: list[int], params: SamplingParams, n
     return max(0.0, elapsed - (proposal.step_seconds or 0.0)) / (n - 1)
 
 
-def time_pass(target: Model, token: int, n: int) -> float | None:
-    """Wall time of one target pass over n tokens, leaving the cache as it was (None: no room)."""
+def time_pass(target: Model, token: int, n: int, params: SamplingParams | None = None) -> float | None:
+    """Wall time of one target pass over n tokens, leaving the cache as it was (None: no room).
+
+    params: also time what a round does with the pass's logits, as `_verify_row` does it: the
+    probabilities of every row, then a plain step's sample (n = 1) or the verification of n - 1
+    one-hot drafts (the noise of the residual sample alone is V exponential draws, 3.6 ms for
+    Qwen's 151,936 tokens): what adaptive K must weigh, since on a CPU it is several percent of a
+    round that drafts (README, "Speculation against plain, pair by pair")."""
     length = target.length
     if length + n > target.max_length:
         return None
     t0 = time.perf_counter()
-    target.forward([token] * n, n_logits=n)
+    logits = target.forward([token] * n, n_logits=n)
+    if params is not None:
+        generator = torch.Generator().manual_seed(0)  # its own: no effect on any output
+        p = logits_to_probs(logits, params)
+        if n > 1:
+            _judge([token] * (n - 1), None, p, verify, generator)
+        else:
+            sample_token(p[0], generator, length, params.greedy)
     elapsed = time.perf_counter() - t0
     target.truncate(length)
     return elapsed

@@ -6,8 +6,10 @@ Adaptive K maximises expected emitted tokens per second,
 
 the documents' optimal-K formula generalised to the measured verification-cost
 curve (`core.theory.CostModel`). It estimates:
-- T_verify(n), the target pass over n tokens, and each drafter's step time, measured
-  once in interleaved sweeps (`calibrate`, at the first request) and then kept fixed;
+- T_verify(n), a round of n tokens without its drafting (the target pass over n tokens,
+  then the probabilities, sampling and verification on its logits: engine/loop.py's
+  `time_pass`), and each drafter's step time, measured once in interleaved sweeps
+  (`calibrate`, at the first request) and then kept fixed;
 - alpha per drafter, a running estimate from per-position accepted/tested counts with
   a Beta-like prior (so early rounds behave) and exponential forgetting (so it tracks
   the text), restarted at every request (`begin`). A free drafter (prompt lookup, the

@@ -103,3 +103,39 @@ def test_unwritable_directory_only_costs_a_recalibration(pair, tmp_path):
     store = CalibrationStore(blocker / "calibration")  # cannot be created
     out = make(pair, store).generate("def g():", SAMPLED)
     assert len(out.tokens) > 0
+
+
+def test_a_rounds_cost_includes_the_work_on_its_logits(pair, monkeypatch):
+    """Calibration times a round as the loop pays for it: the pass, then the probabilities and a
+    plain step's sample (1 token) or the verification of its drafts (n tokens); the cache is left as
+    it was. The kernel-only timing (no params, for the frontier benchmark) does neither."""
+    from specdecode.engine import loop
+
+    target, _ = pair
+    calls: list[tuple[str, int]] = []
+    real_verify, real_sample = loop.verify, loop.sample_token
+    monkeypatch.setattr(loop, "verify", lambda d, q, p, r: calls.append(("verify", d.shape[1])) or real_verify(d, q, p, r))
+    monkeypatch.setattr(loop, "sample_token", lambda *a: calls.append(("sample", 1)) or real_sample(*a))
+    loop.prefill(target, [], [5, 6, 7, 8])
+    length = target.length
+    for n in (1, 4):
+        assert loop.time_pass(target, 8, n, SamplingParams(temperature=0.7)) > 0
+        assert target.length == length
+    assert calls == [("sample", 1), ("verify", 3)]
+    calls.clear()
+    loop.time_pass(target, 8, 4)
+    assert calls == [] and target.length == length
+
+
+def test_costs_measured_under_another_version_are_measured_anew(pair, tmp_path):
+    """A cost file keyed without the current COSTS_VERSION (e.g. pass-only timings) is not read."""
+    from specdecode.engine import calibration
+
+    target, draft = pair
+    drafters = [LookupDrafter(), ModelDrafter(draft)]
+    key = calibration_key(target, drafters)
+    assert key.startswith(f"costs v{calibration.COSTS_VERSION} | ")
+    old = key.replace(f"costs v{calibration.COSTS_VERSION}", f"costs v{calibration.COSTS_VERSION - 1}")
+    store = CalibrationStore(tmp_path)
+    store.save(old, {"t_verify": {"1": 1.0}, "t_step": {}})
+    assert store.load(key) is None and store.load(old) is not None
