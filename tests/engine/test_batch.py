@@ -138,6 +138,24 @@ def test_batch_policy_stops_speculating_when_the_pass_is_full():
     assert policy.choose("lookup", 0, BatchLoad(30, 30.0)) == 0  # a full machine: each token costs as much
 
 
+def test_a_prompts_piece_does_not_make_drafts_look_free(decoder, monkeypatch):
+    """K is chosen against the decoding rows' pass alone: a prompt's piece in the same pass is work
+    done whatever K is. Counted in, its hundreds of tokens make every draft look nearly free beside
+    the few tokens the pass emits (the load the policy is asked with would include them)."""
+    loads = []
+    real = AdaptiveK.choose
+    monkeypatch.setattr(AdaptiveK, "choose", lambda self, d, lag=0, load=ALONE: loads.append(load)
+                        or real(self, d, lag, load))
+    seqs = [new_sequence(slot, decoder.encode(p), CONFIGS[2], frozenset([0]), policy=decoder.policy.for_request())
+            for slot, p in zip(decoder.slots, PROMPTS[:2])]
+    for seq in seqs:
+        start(seq)
+    other = decoder.slots[2].target
+    loop.prefill(other, [], decoder.encode(PROMPTS[3]), run=False)
+    step(seqs, [protocol.Row(other, decoder.encode(PROMPTS[3] * 3), 1)])
+    assert loads and all(load.tokens <= 1 + 4 + 1 for load in loads)  # the other row (K <= 4), not 93 more
+
+
 def batched_p_value(target, draft, params, rule=None, n=1500) -> float:
     """p-value of the first two tokens of PROMPT decoded as the middle row of a batch of three."""
     slots = [Slot(target, (ModelDrafter(draft),))] + [Slot(target.sibling(), (ModelDrafter(draft.sibling()),))
