@@ -82,8 +82,9 @@ def start(seq: Sequence, cached: Seq[int] = (), defer: bool = False) -> Row | No
 
     cached: the token ids whose K/V the slot's target holds from its last request (a prefix
     cache): the prompt's longest common prefix with them is kept, not recomputed.
-    defer: do not run the rest of the prompt; return it as a row for the next `step`'s pass
-    (None: nothing left to run), where it rides with the running sequences' rows."""
+    defer: do not run the rest of the prompt; return it as a row for the caller to run in later
+    `step`s' passes beside the running sequences' rows (the scheduler runs it in pieces; None:
+    nothing left to run)."""
     seq.stats.prompt_tokens = len(seq.prompt)
     t0 = time.perf_counter()
     if seq.drafters and seq.policy.wants_calibration():
@@ -118,8 +119,9 @@ def step(batch: Seq[Sequence], prefills: Seq[Row] = ()) -> list[Round]:
 
     Returns each sequence's new tokens, in order; a sequence that ends (EOS, its token budget,
     its context full) is marked finished and its slot may take another request.
-    prefills: the deferred prompt rows of sequences that start (`start(..., defer=True)`), run in
-    the same pass (their logits unused): they join `batch` from the next round.
+    prefills: deferred prompt rows, or pieces of them, of sequences that start (`start(...,
+    defer=True)`), run in the same pass (their logits unused); a sequence joins `batch` in the
+    round after its prompt's last piece.
     """
     if not batch:
         if prefills:
@@ -250,7 +252,9 @@ def speculative_rounds(jobs: Seq[RoundJob], prefills: Seq[Row] = ()) -> list[Rou
     step), so until they have run a later row counts such a row at its planned K.
 
     The prompts' pieces are not part of that load: their work is done whatever K is, so drafts
-    are weighed against the decoding rows' pass. (Counted in, a 256-token piece made every draft
+    are weighed against the decoding rows' pass (which prices a draft token beside a piece as
+    beside the decoding rows alone: right where a pass's tokens cost about the same each, as on
+    a CPU; on a flat GPU curve it overprices drafts beside a piece, never underprices them). (Counted in, a 256-token piece made every draft
     look nearly free against the pass's tiny rate of emitted tokens: at 8 clients rows drafted
     0.49 tokens each and the server ran at 0.85x of itself with speculation off.)"""
     tokens, expected = 0, 0.0
@@ -477,7 +481,9 @@ def time_pass(target: Model, token: int, n: int, params: SamplingParams | None =
     probabilities of every row, then a plain step's sample (n = 1) or the verification of n - 1
     one-hot drafts (the noise of the residual sample alone is V exponential draws, 3.6 ms for
     Qwen's 151,936 tokens): what adaptive K must weigh, since on a CPU it is several percent of a
-    round that drafts (README, "Speculation against plain, pair by pair")."""
+    round that drafts (README, "Speculation against plain, pair by pair"). The calibrating request's
+    sampling prices every later request's rounds (as it prices the drafters' steps): a sampled
+    round's probabilities cost ~2 ms more than a greedy one's for 4 rows of 151,936."""
     length = target.length
     if length + n > target.max_length:
         return None

@@ -24,11 +24,11 @@ Because T_verify is not monotone on every machine (fp32 on CPU: 3 tokens can cos
 more than 4), a pass of n tokens may be padded to the cheaper size m > n; the
 padding positions are ignored (`verify_size`).
 
-In a batch the pass is shared: a row's K is chosen to maximise the whole pass's
+In a batch the pass is shared: a row's K is chosen to maximise the decoding rows'
 expected tokens per second, (E_others + E[N](alpha, K)) / (T(tokens_others + K + 1) +
 draft time), with T measured as a function of the pass's total tokens (rows of one
-token each cost what one row of that many tokens costs, to within the timing noise;
-README). So K falls to 0 when the batch already fills the machine, and rises where
+token each cost about what one row of that many tokens costs; README; prompts' pieces
+in the same pass are left out: engine/loop.py's `speculative_rounds`). So K falls to 0 when the batch already fills the machine, and rises where
 the curve is flat (a pass of 16 tokens costing little more than one of 8).
 
 K only decides how much work to speculate; it never changes the output law.
@@ -158,7 +158,9 @@ class AdaptiveK:
     pad_gain: float = 0.9  # pad only when the bigger pass is at least 10% cheaper (beyond timing noise)
     sweeps: int = 3  # measured calibration sweeps (after one warm-up sweep)
     prior_c: float = 3.0  # assumed T_target / T_draft for a drafter whose step time is unknown
-    track_costs: bool = False  # keep refining timings online (K then depends on timing noise)
+    # keep refining timings online (K then depends on timing noise; the online T is the pass's
+    # alone, where the calibrated one includes the work on its logits: a few percent apart on a CPU)
+    track_costs: bool = False
     # pass sizes beyond k_max + 1 to measure too: batches put many rows into one pass
     batch_sizes: tuple[int, ...] = ()
     t_verify: dict[int, float] = field(default_factory=dict)

@@ -60,6 +60,7 @@ class Scheduler:
         # admitted requests whose prompts have not all run: the part still to run, in admission order
         self._prompts: dict[Active, Row] = {}
         self.pass_tokens = 0  # tokens in the last round's pass, prompts' pieces included (0: no pass)
+        self.pass_rows = 0  # sequences in the last round's pass: decoding rows and prompts' pieces
 
     def can_admit(self) -> bool:
         """A free slot (a long prompt waits its turn in pieces, not at the door: `step`)."""
@@ -67,8 +68,8 @@ class Scheduler:
 
     def admit(self, key: Hashable, ids: Sequence[int], config: GenerationConfig, speculative: bool = True,
               stats: GenerationStats | None = None) -> Active:
-        """Put a request into a free slot: its prompt runs in the next round's pass, and it decodes from
-        the round after. Raises ValueError for a request that cannot run (e.g. a prompt longer than the
+        """Put a request into a free slot: its prompt runs in the next rounds' passes (in pieces, after
+        the prompts admitted before it), and it decodes from the round after its last piece. Raises ValueError for a request that cannot run (e.g. a prompt longer than the
         context), slot kept free."""
         if not self.free:
             raise RuntimeError("no free slot: check can_admit() first")
@@ -104,6 +105,7 @@ class Scheduler:
         # the prompts' share of the pass, by tokens, is their prefill time
         t_pass, n_prompt = time.perf_counter() - t0, sum(len(row.tokens) for _, row in pieces)
         self.pass_tokens = n_pass = n_prompt + sum(a.seq.stats.rounds[-1].verified for a in batch)
+        self.pass_rows = len(batch) + len(pieces)
         for a, row in pieces:
             a.seq.stats.t_prefill += t_pass * len(row.tokens) / n_pass
         out = []
@@ -140,9 +142,8 @@ class Scheduler:
         request's context for a later prompt that starts the same way, unless its round failed."""
         if active in self.running:
             self.running.remove(active)
-            prompting = self._prompts.pop(active, None) is not None
-            # after a failed round, or mid-prompt, what the slot holds is not worth tracking
-            self._free(active.seq.slot, None if failed or prompting else active.seq)
+            self._prompts.pop(active, None)  # mid-prompt: the slot keeps the pieces that ran
+            self._free(active.seq.slot, None if failed else active.seq)
 
     def _recall(self, slot: Slot, ids: Sequence[int]) -> list[int]:
         """Make `slot` hold the longest start of `ids` that it or the prompt cache has; return the
@@ -173,8 +174,9 @@ class Scheduler:
 
     def _free(self, slot: Slot, seq: Seq | None = None) -> None:
         """Free a slot; its target keeps the K/V of `seq`'s context (the cache holds context[:-1],
-        or more after a round cut at EOS or the budget: only the context's cells are known)."""
-        if seq is not None and slot.target.length >= len(seq.prompt):
+        or more after a round cut at EOS or the budget: only the context's cells are known; or the
+        start of its prompt, when it leaves mid-prompt)."""
+        if seq is not None:
             context = seq.prompt + seq.tokens
             kept = context[:min(slot.target.length, len(context) - 1)]
             slot.target.truncate(len(kept))

@@ -3,10 +3,10 @@
 The event loop never runs model code: handlers submit a Job and await its events,
 which the worker pushes thread-safely. The worker runs continuous batching
 (`engine.scheduler.Scheduler`): between two rounds it admits waiting jobs in arrival
-order into free slots (up to the decoder's max_batch running at once; prompt tokens
-bounded per round so running streams do not stall), then runs one round of every
-running job in one target pass (the new jobs' prompts in it too) and pushes each job's
-new text. A job that
+order into free slots (up to the decoder's max_batch running at once), then runs one
+round of every running job in one target pass, with the next piece of the new jobs'
+prompts in it (chunked prefill: --prefill-chunk tokens a round, so running streams do
+not stall), and pushes each job's new text. A job that
 ends leaves the batch at once and frees its slot for the next (its context stays in the slot,
 and goes to the prompt cache in host memory before another prompt overwrites it).
 
@@ -152,7 +152,6 @@ class GenerationQueue:
 
     def _round(self) -> None:
         batch = [a.key for a in self.scheduler.running]
-        self.metrics.batch_size.observe(len(batch))
         try:
             results = self.scheduler.step()  # on failure every running job was released
         except Exception as exc:
@@ -162,6 +161,7 @@ class GenerationQueue:
             return
         if self.scheduler.pass_tokens:  # the whole pass: new requests' prompts ride in it too
             self.metrics.pass_tokens.observe(self.scheduler.pass_tokens)
+            self.metrics.batch_size.observe(self.scheduler.pass_rows)
         for active, chunks in results:
             job = active.key
             for chunk in chunks:

@@ -237,15 +237,17 @@ def test_a_long_prompt_runs_in_pieces_beside_the_running_rows(decoder, monkeypat
     assert out["a"] == decoder.generate(short, CONFIGS[0], speculative=False).tokens
     assert out["b"] == decoder.generate(long_, CONFIGS[4], speculative=False).tokens
 
-    # a client that leaves mid-prompt: its slot is free at once and its piece of the cache forgotten
+    # a client that leaves mid-prompt: its slot is free at once and keeps the start of the prompt
+    # that ran (a later prompt that starts the same way reuses it)
     for key in "cdef":  # prompts no slot holds the start of (else the prefix cache skips their prefill)
         scheduler.admit(key, decoder.encode(key + long_), CONFIGS[4])
     assert not scheduler.can_admit()
     step()  # "c"'s first piece
     leaving = scheduler.running[0]
-    assert leaving.seq.slot.target.length > 0 and not leaving.seq.tokens
+    held = leaving.seq.slot.target.length
+    assert 0 < held < len(leaving.seq.prompt) - 1 and not leaving.seq.tokens
     scheduler.release(leaving)
-    assert scheduler.can_admit()
+    assert scheduler.can_admit() and scheduler._cached(leaving.seq.slot) == leaving.seq.prompt[:held]
     late = scheduler.admit("g", decoder.encode(short), CONFIGS[1])
     assert late.seq.slot is leaving.seq.slot
     while scheduler.running:

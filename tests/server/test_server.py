@@ -259,5 +259,7 @@ def test_a_long_prompt_runs_in_pieces_beside_a_stream(model_dirs, engine):
         assert got.choices[0].text == engine.generate(long_, config).text
         passes = server.metric("specdecode_pass_tokens_count")
         assert passes > 288 / 6 and server.metric("specdecode_pass_tokens_bucket", le="32.0") == passes
+        # the prompt's pieces rode beside the stream's row: passes of two sequences
+        assert server.metric("specdecode_batch_size_bucket", le="1.0") < server.metric("specdecode_batch_size_count")
     finally:
         server.stop()
