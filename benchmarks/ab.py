@@ -16,13 +16,13 @@ on one decoder and one llama.cpp target, and splits the decode time (after the f
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 from tqdm import tqdm
 
 from specdecode.bench.harness import PROMPT_SETS, load_prompts
+from specdecode.bench.report import save
 from specdecode.cli.generate import positive_int
 from specdecode.core.probs import SamplingParams
 from specdecode.engine.config import GenerationConfig
@@ -111,10 +111,7 @@ def main() -> None:
                  f"sampled pairs share a seed, and speculation draws differently).")
     print("\n".join(lines))
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results.json").write_text(json.dumps({"args": vars(args) | {"out": str(args.out)},
-                                                           "summary": table, "runs": pairs}, indent=1))
-        (args.out / "results.md").write_text("\n".join(lines) + "\n")
+        save(args.out, {"args": vars(args) | {"out": str(args.out)}, "summary": table, "runs": pairs}, "\n".join(lines))
 
 
 if __name__ == "__main__":

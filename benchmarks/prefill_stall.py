@@ -13,13 +13,13 @@ request's time to first token, and the wall time until every request has ended. 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 
 from tqdm import tqdm
 
+from specdecode.bench.report import save
 from specdecode.cli.generate import positive_int
 from specdecode.core.probs import GREEDY
 from specdecode.engine.config import GenerationConfig
@@ -90,10 +90,7 @@ def main() -> None:
                      f"{med('long_ttft_s'):.2f} | {med('wall_s'):.1f} |")
     print("\n".join(lines))
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results.json").write_text(json.dumps({"args": vars(args) | {"out": str(args.out)},
-                                                           "runs": runs}, indent=1))
-        (args.out / "results.md").write_text("\n".join(lines) + "\n")
+        save(args.out, {"args": vars(args) | {"out": str(args.out)}, "runs": runs}, "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from pathlib import Path
@@ -183,3 +184,10 @@ def plot(summary: dict, k_sweep: list[int], path: Path, mode: str = "greedy") ->
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def save(out: Path, data: dict, table: str) -> None:
+    """A benchmark script's results in `out`: results.json (the data) and results.md (the table)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(data, indent=1))
+    (out / "results.md").write_text(table + "\n")
