@@ -252,11 +252,12 @@ def speculative_rounds(jobs: Seq[RoundJob], prefills: Seq[Row] = ()) -> list[Rou
     step), so until they have run a later row counts such a row at its planned K.
 
     The prompts' pieces are not part of that load: their work is done whatever K is, so drafts
-    are weighed against the decoding rows' pass (which prices a draft token beside a piece as
-    beside the decoding rows alone: right where a pass's tokens cost about the same each, as on
-    a CPU; on a flat GPU curve it overprices drafts beside a piece, never underprices them). (Counted in, a 256-token piece made every draft
+    are weighed against the decoding rows' pass. (Counted in, a 256-token piece made every draft
     look nearly free against the pass's tiny rate of emitted tokens: at 8 clients rows drafted
-    0.49 tokens each and the server ran at 0.85x of itself with speculation off.)"""
+    0.49 tokens each and the server ran at 0.85x of itself with speculation off.) This prices a
+    draft token beside a piece as beside the decoding rows alone: right where a pass's tokens
+    cost about the same each, as on a CPU; on a flat GPU curve it overprices such drafts, never
+    underprices them."""
     tokens, expected = 0, 0.0
     shared = len(jobs) > 1 or bool(prefills)  # other rows in the pass
     plans: list[_Draft] = []
@@ -290,9 +291,9 @@ def speculative_rounds(jobs: Seq[RoundJob], prefills: Seq[Row] = ()) -> list[Rou
     t1 = time.perf_counter()
     logits_of = forward_batch(rows)[len(prefills):]
     t_pass = time.perf_counter() - t1
-    tokens = sum(len(row.tokens) for row in rows)
-    return [_verify_row(job, plan.drafter, plan.proposal, logits, plan.t_draft, t_pass, len(plan.row.tokens), tokens,
-                        plan.shadow)
+    pass_tokens = sum(len(row.tokens) for row in rows)  # the prompts' pieces included: t_pass paid for them
+    return [_verify_row(job, plan.drafter, plan.proposal, logits, plan.t_draft, t_pass, len(plan.row.tokens),
+                        pass_tokens, plan.shadow)
             for job, plan, logits in zip(jobs, plans, logits_of)]
 
 

@@ -27,9 +27,10 @@ padding positions are ignored (`verify_size`).
 In a batch the pass is shared: a row's K is chosen to maximise the decoding rows'
 expected tokens per second, (E_others + E[N](alpha, K)) / (T(tokens_others + K + 1) +
 draft time), with T measured as a function of the pass's total tokens (rows of one
-token each cost about what one row of that many tokens costs; README; prompts' pieces
-in the same pass are left out: engine/loop.py's `speculative_rounds`). So K falls to 0 when the batch already fills the machine, and rises where
-the curve is flat (a pass of 16 tokens costing little more than one of 8).
+token each cost about what one row of that many tokens costs; README). Prompts' pieces
+in the same pass are left out (engine/loop.py's `speculative_rounds`). So K falls to 0
+when the batch already fills the machine, and rises where the curve is flat (a pass of
+16 tokens costing little more than one of 8).
 
 K only decides how much work to speculate; it never changes the output law.
 """

@@ -69,8 +69,9 @@ class Scheduler:
     def admit(self, key: Hashable, ids: Sequence[int], config: GenerationConfig, speculative: bool = True,
               stats: GenerationStats | None = None) -> Active:
         """Put a request into a free slot: its prompt runs in the next rounds' passes (in pieces, after
-        the prompts admitted before it), and it decodes from the round after its last piece. Raises ValueError for a request that cannot run (e.g. a prompt longer than the
-        context), slot kept free."""
+        the prompts admitted before it), and it decodes from the round after its last piece. Raises
+        ValueError for a request that cannot run (e.g. a prompt longer than the context), slot kept
+        free."""
         if not self.free:
             raise RuntimeError("no free slot: check can_admit() first")
         # the free slot that holds the longest prefix of this prompt (a repeated system prompt, the

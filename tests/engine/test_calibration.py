@@ -114,7 +114,8 @@ def test_a_rounds_cost_includes_the_work_on_its_logits(pair, monkeypatch):
     target, _ = pair
     calls: list[tuple[str, int]] = []
     real_verify, real_sample = loop.verify, loop.sample_token
-    monkeypatch.setattr(loop, "verify", lambda d, q, p, r: calls.append(("verify", d.shape[1])) or real_verify(d, q, p, r))
+    monkeypatch.setattr(loop, "verify",
+                        lambda d, q, p, r: calls.append(("verify", d.shape[1])) or real_verify(d, q, p, r))
     monkeypatch.setattr(loop, "sample_token", lambda *a: calls.append(("sample", 1)) or real_sample(*a))
     loop.prefill(target, [], [5, 6, 7, 8])
     length = target.length
@@ -137,7 +138,8 @@ def test_costs_measured_under_another_version_are_measured_anew(pair, tmp_path):
     key = calibration_key(target, drafters)
     assert key.startswith(f"costs v{calibration.COSTS_VERSION} | ")
     store = CalibrationStore(tmp_path)
-    for old in (key.split(" | ", 1)[1], key.replace(f"v{calibration.COSTS_VERSION} ", f"v{calibration.COSTS_VERSION - 1} ")):
+    version = calibration.COSTS_VERSION
+    for old in (key.split(" | ", 1)[1], key.replace(f"v{version} ", f"v{version - 1} ")):
         assert old != key
         store.save(old, {"t_verify": {"1": 1.0}, "t_step": {}})
         assert store.load(key) is None and store.load(old) is not None
