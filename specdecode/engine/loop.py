@@ -257,7 +257,10 @@ def speculative_rounds(jobs: Seq[RoundJob], prefills: Seq[Row] = ()) -> list[Rou
     0.49 tokens each and the server ran at 0.85x of itself with speculation off.) This prices a
     draft token beside a piece as beside the decoding rows alone: right where a pass's tokens
     cost about the same each, as on a CPU; on a flat GPU curve it overprices such drafts, never
-    underprices them."""
+    underprices them.
+
+    A shared round without pieces reports its cost (the pass and every row's verification) to the
+    rows' policies (`observe_batch`): the batch's cost curve is measured where it is paid."""
     tokens, expected = 0, 0.0
     shared = len(jobs) > 1 or bool(prefills)  # other rows in the pass
     plans: list[_Draft] = []
@@ -292,9 +295,14 @@ def speculative_rounds(jobs: Seq[RoundJob], prefills: Seq[Row] = ()) -> list[Rou
     logits_of = forward_batch(rows)[len(prefills):]
     t_pass = time.perf_counter() - t1
     pass_tokens = sum(len(row.tokens) for row in rows)  # the prompts' pieces included: t_pass paid for them
-    return [_verify_row(job, plan.drafter, plan.proposal, logits, plan.t_draft, t_pass, len(plan.row.tokens),
-                        pass_tokens, plan.shadow)
-            for job, plan, logits in zip(jobs, plans, logits_of)]
+    outcomes = [_verify_row(job, plan.drafter, plan.proposal, logits, plan.t_draft, t_pass, len(plan.row.tokens),
+                            pass_tokens, plan.shadow)
+                for job, plan, logits in zip(jobs, plans, logits_of)]
+    if shared and not prefills:  # what a shared round of these decoding tokens costs, for the next rounds' K
+        t_round = time.perf_counter() - t1
+        for job in jobs:
+            job.policy.observe_batch(pass_tokens, t_round, len(jobs))
+    return outcomes
 
 
 @dataclass(slots=True)

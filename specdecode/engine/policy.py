@@ -25,12 +25,19 @@ more than 4), a pass of n tokens may be padded to the cheaper size m > n; the
 padding positions are ignored (`verify_size`).
 
 In a batch the pass is shared: a row's K is chosen to maximise the decoding rows'
-expected tokens per second, (E_others + E[N](alpha, K)) / (T(tokens_others + K + 1) +
-draft time), with T measured as a function of the pass's total tokens (rows of one
-token each cost about what one row of that many tokens costs; README). Prompts' pieces
-in the same pass are left out (engine/loop.py's `speculative_rounds`). So K falls to 0
-when the batch already fills the machine, and rises where the curve is flat (a pass of
-16 tokens costing little more than one of 8).
+expected tokens per second, (E_others + E[N](alpha, K)) / (T_batch(tokens_others + K + 1)
++ draft time), with T_batch a shared round's cost as a function of the pass's total
+tokens. Prompts' pieces in the same pass are left out (engine/loop.py's
+`speculative_rounds`). So K falls to 0 when the batch already fills the machine, and
+rises where the curve is flat (a pass of 16 tokens costing little more than one of 8).
+T_batch is measured in the batch itself, on the rounds it runs (`observe_batch`: the
+pass and every row's work on its logits), and taken from the calibrated curve at sizes
+not yet run: a calibrated round is one sequence with one row's verification, which
+prices a batch's rounds wrongly by more than the gains at stake (llama.cpp here: 4 rows
+of one token measured 105-110 ms in the batch against a calibrated 134 ms for 4 tokens,
+so drafts that lose looked 3% ahead). Timings measured online make K depend on timing
+noise, but only in shared rounds, where K already depends on the neighbours: the
+law, never the sample, is what a batch promises.
 
 K only decides how much work to speculate; it never changes the output law.
 """
@@ -83,6 +90,10 @@ class KPolicy(Protocol):
         position gives the probability the rule would have accepted it (a one-hot q accepts x
         with probability p(x))."""
 
+    def observe_batch(self, tokens: int, seconds: float, rows: int) -> None:
+        """Learn what a shared round of `tokens` decoding tokens cost (its pass and its rows' work
+        on the logits); each of the round's `rows` rows reports it."""
+
     def wants_calibration(self) -> bool:
         """True until the target's cost curve has been measured."""
 
@@ -119,6 +130,9 @@ class FixedK:
         pass
 
     def observe_shadow(self, drafter: str, accept_probability: float) -> None:
+        pass
+
+    def observe_batch(self, tokens: int, seconds: float, rows: int) -> None:
         pass
 
     def wants_calibration(self) -> bool:
@@ -167,6 +181,9 @@ class AdaptiveK:
     t_verify: dict[int, float] = field(default_factory=dict)
     t_step: dict[str, float] = field(default_factory=dict)
     t_catchup: dict[str, float] = field(default_factory=dict)  # per token a drafter must catch up on
+    # a shared round's cost by its tokens, measured in the batch (`observe_batch`); not stored in the
+    # calibration file: it is this process's batch, and shared by every request's policy (`for_request`)
+    t_batch: dict[int, float] = field(default_factory=dict)
     drafters: dict[str, _DrafterState] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -206,9 +223,13 @@ class AdaptiveK:
         slope = (self.t_verify[hi] - self.t_verify[lo]) / (hi - lo)
         return self.t_verify[lo] + slope * (n - lo)
 
+    def _t_shared(self, n: int) -> float:
+        """T_batch(n): a shared round of n tokens as measured in the batch, else as calibrated."""
+        return self.t_batch.get(n) or self._t(n)
+
     def for_request(self) -> "AdaptiveK":
-        """A policy for one more concurrent request: the same measured costs (shared, not
-        copied), its own acceptance evidence."""
+        """A policy for one more concurrent request: the same measured costs, the batch's included
+        (shared, not copied), its own acceptance evidence."""
         return replace(self, drafters={})
 
     # --- KPolicy -------------------------------------------------------------------------
@@ -234,8 +255,9 @@ class AdaptiveK:
 
         def rate(k: int) -> float:
             if k == 0:
-                return (load.expected + 1) / self._t(load.tokens + 1)
-            return (load.expected + expected_tokens(alpha, k)) / (self._t(load.tokens + k + 1) + t_setup + k * t_step)
+                return (load.expected + 1) / self._t_shared(load.tokens + 1)
+            return (load.expected + expected_tokens(alpha, k)) / \
+                (self._t_shared(load.tokens + k + 1) + t_setup + k * t_step)
         return max(range(self.k_max + 1), key=lambda k: (rate(k), -k))
 
     def expected_tokens(self, drafter: str, k: int) -> float:
@@ -246,9 +268,10 @@ class AdaptiveK:
         second, as K is chosen: (E_others + E[N](alpha, k) + gains[:m]) / (T(tokens + k + 1 + m) + draft)."""
         t_draft = k * self.t_step.get(drafter, self._t(1) / self.prior_c)
         expected = load.expected + expected_tokens(self.alpha(drafter), k)
+        t = self._t if load == ALONE else self._t_shared
 
         def rate(m: int) -> float:
-            return (expected + sum(gains[:m])) / (self._t(load.tokens + k + 1 + m) + t_draft)
+            return (expected + sum(gains[:m])) / (t(load.tokens + k + 1 + m) + t_draft)
         return max(range(len(gains) + 1), key=lambda m: (rate(m), -m))
 
     def verify_size(self, n: int) -> int:
@@ -281,6 +304,14 @@ class AdaptiveK:
         s.accepted = self.forget * s.accepted + accept_probability
         s.tested = self.forget * s.tested + 1
         s.shadowed = True
+
+    def observe_batch(self, tokens: int, seconds: float, rows: int) -> None:
+        """Each row's report weighs 1/rows of one observation (`ema`), so a round counts once."""
+        if tokens not in self.t_batch:
+            self.t_batch[tokens] = seconds
+        else:
+            w = self.ema / max(1, rows)
+            self.t_batch[tokens] = (1 - w) * self.t_batch[tokens] + w * seconds
 
     def wants_calibration(self) -> bool:
         return not self.t_verify or any(n not in self.t_verify for n in self.batch_sizes)

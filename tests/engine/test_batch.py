@@ -156,6 +156,28 @@ def test_a_prompts_piece_does_not_make_drafts_look_free(decoder, monkeypatch):
     assert loads and all(load.tokens <= 1 + 4 + 1 for load in loads)  # the other row (K <= 4), not 93 more
 
 
+def test_a_shared_round_reports_its_cost_once_per_row_without_prompt_pieces(decoder, monkeypatch):
+    """The batch's cost curve is measured on its rounds: each row reports the pass's decoding tokens
+    and the round's time; a round carrying a prompt's piece reports nothing (its time is the piece's
+    too), nor does a lone row's."""
+    reports = []
+    monkeypatch.setattr(AdaptiveK, "observe_batch", lambda self, n, t, rows: reports.append((id(self), n, t, rows)))
+    seqs = [new_sequence(slot, decoder.encode(p), CONFIGS[2], frozenset([0]), policy=decoder.policy.for_request())
+            for slot, p in zip(decoder.slots, PROMPTS[:3])]
+    for seq in seqs:
+        start(seq)
+    step(seqs)
+    verified = sum(seq.stats.rounds[-1].verified for seq in seqs)
+    assert len({r[0] for r in reports}) == 3 and all(r[1:] == reports[0][1:] for r in reports)
+    assert reports[0][1] == verified and reports[0][3] == 3 and reports[0][2] > 0
+    reports.clear()
+    other = decoder.slots[3].target
+    loop.prefill(other, [], decoder.encode(PROMPTS[3]), run=False)
+    step(seqs, [protocol.Row(other, decoder.encode(PROMPTS[3]), 1)])
+    step(seqs[:1])
+    assert reports == []
+
+
 def batched_p_value(target, draft, params, rule=None, n=1500) -> float:
     """p-value of the first two tokens of PROMPT decoded as the middle row of a batch of three."""
     slots = [Slot(target, (ModelDrafter(draft),))] + [Slot(target.sibling(), (ModelDrafter(draft.sibling()),))

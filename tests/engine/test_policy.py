@@ -7,7 +7,7 @@ import random
 import pytest
 
 from specdecode.core.theory import CostModel, optimal_k
-from specdecode.engine.policy import AdaptiveK, FixedK
+from specdecode.engine.policy import ALONE, AdaptiveK, BatchLoad, FixedK, _DrafterState
 
 
 def simulate(policy: AdaptiveK, alpha: float, t_step: float, curve, rounds: int, seed: int = 0) -> list[int]:
@@ -259,6 +259,41 @@ def test_for_request_shares_costs_not_acceptance():
     assert child.drafters == {} and parent.drafters
     child.observe("model", 3, 3, 0.03, 4, 0.1)
     assert child.alpha("model") > parent.alpha("model")
+
+
+def test_a_batch_prices_drafts_on_the_rounds_it_has_run():
+    """The calibrated curve (one sequence, one row's verification) said 4 tokens cost 134 ms; the
+    batch's own rounds of 4 one-token rows took 105 ms. Against the calibrated 134, a K = 8 draft
+    beside three rows looks 3% ahead (llama.cpp's flat stretch: 12 tokens 296 ms); against what the
+    batch pays it loses 20%, so K falls to 0. A lone row keeps the calibrated costs (its K, and so a
+    seeded sample, must not depend on timing noise)."""
+    curve = {1: 0.0407, 4: 0.1339, 8: 0.3069, 12: 0.2965, 16: 0.3375}
+    policy = AdaptiveK(k_max=8)
+    policy.load_costs({"t_verify": {str(n): t for n, t in curve.items()}, "t_step": {"lookup": 1e-4}})
+    policy.drafters["lookup"] = _DrafterState(accepted=90, tested=100)  # alpha ~0.9
+    load = BatchLoad(3, 3.0)  # three one-token rows
+    assert policy.choose("lookup", 0, load) == 8  # the calibrated curve alone: drafting looks ahead
+    request = policy.for_request()  # every request's policy sees the batch's measurements
+    request.drafters["lookup"] = _DrafterState(accepted=90, tested=100)
+    alone = policy.choose("lookup", 0, ALONE)
+    for _ in range(4):  # a round of four rows, each reporting it
+        request.observe_batch(4, 0.105, rows=4)
+    assert policy.t_batch == {4: 0.105} and request.t_batch is policy.t_batch
+    assert request.choose("lookup", 0, load) == 0
+    assert request.choose("lookup", 0, ALONE) == alone  # a lone row: the calibrated curve, unchanged
+    # a size seen at last is priced as seen: 12 tokens at 150 ms make K = 8 pay again
+    request.observe_batch(12, 0.150, rows=1)
+    assert request.choose("lookup", 0, load) == 8
+
+
+def test_a_rounds_reports_weigh_as_one_observation():
+    policy = AdaptiveK(ema=0.2)
+    policy.observe_batch(4, 0.1, rows=4)  # the first report sets the size's cost
+    for _ in range(4):  # one round of four rows
+        policy.observe_batch(4, 0.2, rows=4)
+    assert policy.t_batch[4] == pytest.approx(0.1 + (0.2 - 0.1) * (1 - (1 - 0.05) ** 4))
+    assert 0.1 + 0.2 * 0.1 * 0.9 < policy.t_batch[4] < 0.1 + 0.2 * 0.1  # about one observation at ema 0.2
+    assert "t_batch" not in policy.costs()  # this process's batch, not the machine's calibration
 
 
 def test_batch_sizes_are_calibrated_when_missing():
