@@ -51,7 +51,8 @@ def sample_first_tokens(target: Model, drafters: Sequence[Drafter], policy: KPol
                 for (slot, _), context in zip(neighbours, contexts[1:])]
             outs = speculative_rounds(jobs)
             r = outs[0]
-            policy.observe(r.drafter, r.drafted, r.accepted, r.t_step * r.drafted, r.pass_tokens, r.t_verify)
+            policy.observe(r.drafter, r.drafted, r.accepted, r.t_step * r.drafted, r.pass_tokens, r.t_verify,
+                           r.situation)
             tokens += r.tokens
             for context, o in zip(contexts, outs):
                 context += o.tokens

@@ -69,6 +69,8 @@ class Drafter(Protocol):
     # there tells the policy how often it would have been accepted. A free drafter is also a
     # ContinuationSource (the loop asks `continuation(context, (), 1)`). Absent = False.
     free: bool
+    # Optional: `situation(context) -> Hashable | None`, a class of this round (prompt lookup: its
+    # match's length) under which adaptive K keeps a separate acceptance estimate.
 
     def reset(self) -> None:
         """A new request starts: forget its state (a drafter may keep a bounded history of earlier requests)."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Iterator, Sequence as Seq
+from typing import Hashable, Iterator, Sequence as Seq
 
 import torch
 
@@ -145,7 +145,7 @@ def _emit(seq: Sequence, out: "RoundOutcome") -> Round:
     # drafted and judged by the target like any other, so they are honest evidence of the
     # acceptance rate and of the pass's cost (and the request ends with this round anyway).
     seq.policy.observe(out.drafter, out.drafted, out.accepted, out.t_step * out.drafted, out.pass_tokens,
-                       out.t_verify)
+                       out.t_verify, out.situation)
     emitted, sources = out.tokens, out.sources
     for i, tok in enumerate(emitted):  # stop at EOS inside an accepted run
         if tok in seq.eos_ids:
@@ -232,6 +232,7 @@ class RoundOutcome:
     pass_tokens: int  # tokens in the whole pass (all rows): what t_verify paid for
     tree_nodes: int = 0  # a tree round: the tree's drafted nodes (drafted counts its chain only)
     off_chain: bool = False  # a tree round whose accepted path took an alternative branch
+    situation: Hashable = None  # the drafter's situation (policy.py: acceptance is learned per situation)
 
 
 def speculative_round(target: Model, drafters: Seq[Drafter], policy: KPolicy, context: list[int],
@@ -275,7 +276,7 @@ def speculative_rounds(jobs: Seq[RoundJob], prefills: Seq[Row] = ()) -> list[Rou
         plan.t_draft = time.perf_counter() - t0
         plans.append(plan)
         tokens += len(plan.row.tokens) if plan.row is not None else plan.k + 1
-        expected += job.policy.expected_tokens(plan.drafter.name, plan.k) if plan.k else 1.0
+        expected += job.policy.expected_tokens(plan.drafter.name, plan.k, plan.situation) if plan.k else 1.0
     deferred = [(job, plan) for job, plan in zip(jobs, plans) if plan.drafting is not None]
     if deferred:
         t0 = time.perf_counter()
@@ -288,6 +289,7 @@ def speculative_rounds(jobs: Seq[RoundJob], prefills: Seq[Row] = ()) -> list[Rou
                 again = _draft(plan.rest, job.policy, job.context, min(job.k_cap, _room(job)), job.params,
                                job.generator, plan.load)
                 plan.drafter, plan.proposal, plan.shadow = again.drafter, again.proposal, plan.shadow or again.shadow
+                plan.situation = again.situation
             _settle(job, plan, shared)
             plan.t_draft += t_together + time.perf_counter() - t1
     rows = list(prefills) + [plan.row for plan in plans]
@@ -296,7 +298,7 @@ def speculative_rounds(jobs: Seq[RoundJob], prefills: Seq[Row] = ()) -> list[Rou
     t_pass = time.perf_counter() - t1
     pass_tokens = sum(len(row.tokens) for row in rows)  # the prompts' pieces included: t_pass paid for them
     outcomes = [_verify_row(job, plan.drafter, plan.proposal, logits, plan.t_draft, t_pass, len(plan.row.tokens),
-                            pass_tokens, plan.shadow)
+                            pass_tokens, plan.shadow, plan.situation)
                 for job, plan, logits in zip(jobs, plans, logits_of)]
     if shared and not prefills:  # what a shared round of these decoding tokens costs, for the next rounds' K
         t_round = time.perf_counter() - t1
@@ -311,8 +313,9 @@ class _Draft:
 
     drafter: Drafter | None
     proposal: Proposal | None
-    shadow: tuple[str, int] | None  # a free drafter given K = 0, and its first token (`_draft`)
+    shadow: tuple[str, int, Hashable] | None  # a free drafter given K = 0: its first token, situation (`_draft`)
     load: BatchLoad = ALONE  # what the rows before it put into the pass
+    situation: Hashable = None  # the drafter's situation this round (its acceptance evidence's key)
     drafting: Drafting | None = None  # a draft model's steps, still to run with the other rows' (planned K)
     rest: Seq[Drafter] = ()  # the drafters after it, asked if it drafts nothing
     k: int = 0  # the chain's K (a tree's alternatives aside); while deferred, the planned K
@@ -349,11 +352,11 @@ def _settle(job: RoundJob, plan: _Draft, shared: bool) -> None:
 
 def _verify_row(job: RoundJob, drafter: Drafter | None, proposal: Proposal | None, logits: torch.Tensor,
                 t_draft: float, t_pass: float, size: int, pass_tokens: int,
-                shadow: tuple[str, int] | None = None) -> RoundOutcome:
+                shadow: tuple[str, int, Hashable] | None = None, situation: Hashable = None) -> RoundOutcome:
     drafts = proposal.tokens if proposal else []
     p = logits_to_probs(logits[: len(drafts) + 1], job.params)
     if shadow is not None:  # p[0] judges the first new token whoever drafted: a one-hot x passes with p(x)
-        job.policy.observe_shadow(shadow[0], float(p[0, shadow[1]]))
+        job.policy.observe_shadow(shadow[0], float(p[0, shadow[1]]), shadow[2])
     position = len(job.context)  # of the round's first new token, in the whole sequence
     if proposal is not None and proposal.parents is not None:
         return _verify_tree_row(job, drafter, proposal, p, t_draft, t_pass, size, pass_tokens)
@@ -373,7 +376,7 @@ def _verify_row(job: RoundJob, drafter: Drafter | None, proposal: Proposal | Non
     if drafts:
         t_step = proposal.step_seconds if proposal.step_seconds is not None else t_draft / len(drafts)
     return RoundOutcome(emitted, sources, drafter.name if drafts else "none", len(drafts), n, size,
-                        t_draft, t_pass, t_step, pass_tokens)
+                        t_draft, t_pass, t_step, pass_tokens, situation=situation if drafts else None)
 
 
 def _judge(drafts: list[int], q: torch.Tensor | None, p: torch.Tensor, rule: VerifyRule,
@@ -418,25 +421,27 @@ def _verify_tree_row(job: RoundJob, drafter: Drafter, proposal: Proposal, p: tor
 def _draft(drafters: Seq[Drafter], policy: KPolicy, context: list[int], k_cap: int, params: SamplingParams,
            generator: torch.Generator, load: BatchLoad = ALONE, defer: bool = False) -> _Draft:
     """Ask the drafters in order; the first non-empty proposal (cut to K) wins. Also gives the
-    shadow: (name, token) of the first free drafter given K = 0, and the token it would have
-    drafted first (the policy learns its acceptance from the target's p at no cost).
+    shadow: (name, token, situation) of the first free drafter given K = 0, with the token it would
+    have drafted first (the policy learns its acceptance from the target's p at no cost). A drafter
+    with a `situation` (prompt lookup: its match's length class) is given K for that situation.
     defer: a draft model's steps are not run but returned (`_Draft.drafting`) for
     `draft_together`, with the drafters after it in case it drafts nothing."""
     shadow = None
     for n, drafter in enumerate(drafters):
         lag = getattr(drafter, "lag", None)  # tokens a stateful drafter must catch up on first
-        k = min(policy.choose(drafter.name, lag(context) if lag else 0, load), k_cap)
+        situation = drafter.situation(context) if hasattr(drafter, "situation") else None
+        k = min(policy.choose(drafter.name, lag(context) if lag else 0, load, situation), k_cap)
         if k < 1:
             if shadow is None and k_cap >= 1 and getattr(drafter, "free", False):
                 guess = drafter.continuation(context, (), 1)  # its chain's first token; no tree, no model
-                shadow = (drafter.name, guess[0]) if guess else None
+                shadow = (drafter.name, guess[0], situation) if guess else None
             continue
         if defer and hasattr(drafter, "drafting"):
-            return _Draft(drafter, None, shadow, load, drafter.drafting(context, k, params, generator),
+            return _Draft(drafter, None, shadow, load, situation, drafter.drafting(context, k, params, generator),
                           drafters[n + 1:], k)
         proposal = drafter.propose(context, k, params, generator)
         if proposal.tokens:
-            return _Draft(drafter, _within(proposal, k), shadow, load)
+            return _Draft(drafter, _within(proposal, k), shadow, load, situation)
     return _Draft(None, None, shadow, load)
 
 

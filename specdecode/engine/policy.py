@@ -16,7 +16,10 @@ curve (`core.theory.CostModel`). It estimates:
   suffix drafter: no model, one-hot q) also reports the first token it would have
   drafted in rounds where it did not draft; the target's p there is the probability the
   rule would have accepted it, so its estimate keeps tracking the text at no cost,
-  where the draft model must be re-tested with real drafts now and then.
+  where the draft model must be re-tested with real drafts now and then. A drafter that
+  reports a situation per round gets an estimate per situation: prompt lookup's match
+  length class (a 2-token coincidence is copied right far less often than a 16-token
+  shared history), so long matches draft deep and short ones not at all.
 Keeping the timings fixed and the acceptance state per request makes K a function of
 the request's own outcomes, so a seed reproduces its sample within a process
 (`track_costs=True` keeps refining the timings online instead, at that price).
@@ -66,12 +69,13 @@ class KPolicy(Protocol):
     def begin(self) -> None:
         """A new request starts."""
 
-    def choose(self, drafter: str, lag: int = 0, load: BatchLoad = ALONE) -> int:
+    def choose(self, drafter: str, lag: int = 0, load: BatchLoad = ALONE, situation: Hashable = None) -> int:
         """K for the next round if `drafter` proposes (0 = do not speculate with it); `lag` is how
         many tokens the drafter must catch up on before drafting (a draft model that sat out);
-        `load`, what the batch's other rows put into the same pass."""
+        `load`, what the batch's other rows put into the same pass; `situation`, the drafter's
+        class of this round (prompt lookup's match length), whose acceptance is learned apart."""
 
-    def expected_tokens(self, drafter: str, k: int) -> float:
+    def expected_tokens(self, drafter: str, k: int, situation: Hashable = None) -> float:
         """Tokens a round of K drafts from `drafter` is expected to emit."""
 
     def verify_size(self, n: int) -> int:
@@ -82,10 +86,10 @@ class KPolicy(Protocol):
         one's expected extra tokens, best first): each adds a token to the pass."""
 
     def observe(self, drafter: str, drafted: int, accepted: int, t_draft: float, n_verified: int,
-                t_verify: float) -> None:
+                t_verify: float, situation: Hashable = None) -> None:
         """Learn from one round."""
 
-    def observe_shadow(self, drafter: str, accept_probability: float) -> None:
+    def observe_shadow(self, drafter: str, accept_probability: float, situation: Hashable = None) -> None:
         """Learn from a free drafter's first token that was not drafted: the target's p at that
         position gives the probability the rule would have accepted it (a one-hot q accepts x
         with probability p(x))."""
@@ -113,10 +117,10 @@ class FixedK:
     def begin(self) -> None:
         pass
 
-    def choose(self, drafter: str, lag: int = 0, load: BatchLoad = ALONE) -> int:
+    def choose(self, drafter: str, lag: int = 0, load: BatchLoad = ALONE, situation: Hashable = None) -> int:
         return self.k
 
-    def expected_tokens(self, drafter: str, k: int) -> float:
+    def expected_tokens(self, drafter: str, k: int, situation: Hashable = None) -> float:
         return float(k + 1)  # unknown acceptance: only a batch's other rows ask, and FixedK ignores it
 
     def verify_size(self, n: int) -> int:
@@ -126,10 +130,10 @@ class FixedK:
         return len(gains)  # the user pinned the shape (--k, the drafter's tree size)
 
     def observe(self, drafter: str, drafted: int, accepted: int, t_draft: float, n_verified: int,
-                t_verify: float) -> None:
+                t_verify: float, situation: Hashable = None) -> None:
         pass
 
-    def observe_shadow(self, drafter: str, accept_probability: float) -> None:
+    def observe_shadow(self, drafter: str, accept_probability: float, situation: Hashable = None) -> None:
         pass
 
     def observe_batch(self, tokens: int, seconds: float, rows: int) -> None:
@@ -163,6 +167,10 @@ class AdaptiveK:
     # bring the estimate down to 0.4 within the first rounds.
     prior_alpha: float = 0.8
     prior_weight: float = 2.0  # worth this many tested positions
+    # ... but a situation's estimate starts neutral: the drafters that report situations (prompt
+    # lookup) are free and heard through shadows, so a class can earn its drafts by evidence at no
+    # cost, where optimism paid a rejected pass for every new class (codegen lost 0.9% so, measured)
+    situation_prior: float = 0.5
     forget: float = 0.98  # per-round decay of old acceptance evidence
     ema: float = 0.2  # weight of a new timing observation
     explore_every: int = 16  # try K=1 after this many rounds without drafting, to keep measuring
@@ -184,7 +192,8 @@ class AdaptiveK:
     # a shared round's cost by its tokens, measured in the batch (`observe_batch`); not stored in the
     # calibration file: it is this process's batch, and shared by every request's policy (`for_request`)
     t_batch: dict[int, float] = field(default_factory=dict)
-    drafters: dict[str, _DrafterState] = field(default_factory=dict)
+    # acceptance evidence by drafter, or by (drafter, situation) for a drafter that reports one
+    drafters: dict[Hashable, _DrafterState] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.k_max < 1:
@@ -193,9 +202,10 @@ class AdaptiveK:
             raise ValueError(f"sweeps must be >= 1, got {self.sweeps}")
 
     # --- estimates -----------------------------------------------------------------------
-    def alpha(self, drafter: str) -> float:
-        s = self._state(drafter)
-        return (s.accepted + self.prior_alpha * self.prior_weight) / (s.tested + self.prior_weight)
+    def alpha(self, drafter: str, situation: Hashable = None) -> float:
+        s = self._state(drafter, situation)
+        prior = self.prior_alpha if situation is None else self.situation_prior
+        return (s.accepted + prior * self.prior_weight) / (s.tested + self.prior_weight)
 
     def cost_model(self, drafter: str, lag: int = 0) -> CostModel:
         curve = self._effective_curve()
@@ -236,13 +246,13 @@ class AdaptiveK:
     def begin(self) -> None:
         self.drafters.clear()  # acceptance evidence is per request; timings are kept
 
-    def choose(self, drafter: str, lag: int = 0, load: BatchLoad = ALONE) -> int:
+    def choose(self, drafter: str, lag: int = 0, load: BatchLoad = ALONE, situation: Hashable = None) -> int:
         """The K that maximises expected tokens per second this round, counting the catch-up a
         lagging draft model must do first (on llama.cpp a 16-token catch-up of the 0.5B draft
         costs ~3 target steps: a test round every 16 would have cost 30% of plain speed)."""
-        s = self._state(drafter)
+        s = self._state(drafter, situation)
         best = lambda alpha: self._best_k(drafter, alpha, lag, load)  # noqa: E731
-        k = best(self.alpha(drafter))
+        k = best(self.alpha(drafter, situation))
         if k == 0 and not s.shadowed and s.rounds_since_tried >= self.explore_every and best(self.explore_alpha):
             return 1  # re-test now and then: the text may have become easier to draft
         return k
@@ -260,8 +270,8 @@ class AdaptiveK:
                 (self._t_shared(load.tokens + k + 1) + t_setup + k * t_step)
         return max(range(self.k_max + 1), key=lambda k: (rate(k), -k))
 
-    def expected_tokens(self, drafter: str, k: int) -> float:
-        return expected_tokens(self.alpha(drafter), k)
+    def expected_tokens(self, drafter: str, k: int, situation: Hashable = None) -> float:
+        return expected_tokens(self.alpha(drafter, situation), k)
 
     def tree_alternatives(self, drafter: str, k: int, gains: list[float], load: BatchLoad = ALONE) -> int:
         """The number m of alternatives (best first) that maximises the pass's expected tokens per
@@ -282,25 +292,25 @@ class AdaptiveK:
         return best
 
     def observe(self, drafter: str, drafted: int, accepted: int, t_draft: float, n_verified: int,
-                t_verify: float) -> None:
-        for name, s in self.drafters.items():
-            s.rounds_since_tried = 0 if name == drafter else s.rounds_since_tried + 1
+                t_verify: float, situation: Hashable = None) -> None:
+        for key, s in self.drafters.items():
+            s.rounds_since_tried = 0 if key in (drafter, (drafter, situation)) else s.rounds_since_tried + 1
         if self.track_costs:
             self._track(self.t_verify, n_verified, t_verify)
         if drafted == 0:
             return
-        s = self._state(drafter)
+        s = self._state(drafter, situation)
         s.accepted = self.forget * s.accepted + accepted
         s.tested = self.forget * s.tested + min(accepted + 1, drafted)
         if self.track_costs:
             self._track(self.t_step, drafter, t_draft / drafted)
 
-    def observe_shadow(self, drafter: str, accept_probability: float) -> None:
+    def observe_shadow(self, drafter: str, accept_probability: float, situation: Hashable = None) -> None:
         """Evidence at no cost, in place of re-testing: one tested position, accepted with this
         probability (its expectation; the estimate is a mean). A drafter that reports shadows is
         never re-tested at the price of a pass (`explore_every` is for drafters whose guesses
         cost something to see: the draft model)."""
-        s = self._state(drafter)
+        s = self._state(drafter, situation)
         s.accepted = self.forget * s.accepted + accept_probability
         s.tested = self.forget * s.tested + 1
         s.shadowed = True
@@ -348,8 +358,8 @@ class AdaptiveK:
     def _track(self, table: dict, key, t: float) -> None:
         table[key] = t if key not in table else (1 - self.ema) * table[key] + self.ema * t
 
-    def _state(self, drafter: str) -> _DrafterState:
-        return self.drafters.setdefault(drafter, _DrafterState())
+    def _state(self, drafter: str, situation: Hashable = None) -> _DrafterState:
+        return self.drafters.setdefault(drafter if situation is None else (drafter, situation), _DrafterState())
 
 
 def interleaved_medians(measures: dict[Hashable, Callable[[], float | None]], sweeps: int) -> dict[Hashable, float]:

@@ -72,3 +72,27 @@ def test_drafter_adapter_is_deterministic_and_resets():
     assert p.tokens == [3, 1, 2] and p.q is None
     assert d.propose([1, 2, 3, 1, 2, 3], 3, GREEDY, g).tokens == [1, 2, 3]
     assert d.propose([9, 9], 3, GREEDY, g).tokens == []  # shorter context: a new request
+
+
+def test_match_length_counts_back_past_max_n_and_classes_it():
+    """The situation is the length of the history the current suffix shares with the occurrence
+    lookup copies from (max_n = 4 finds it; the count goes back further), in bit-length classes."""
+    drafter = LookupDrafter(LookupConfig(min_n=2, max_n=4, long_match=16))
+    fresh = list(range(100, 120))
+    assert drafter.situation(fresh) is None  # nothing repeats: no match, no class
+    drafter.reset()
+    assert drafter.situation([7, 8, 1, 2, 9, 1, 2]) == 2  # a 2-token coincidence (1, 2)
+    drafter.reset()
+    copied = fresh[:10] + [0] + fresh[:6]  # the last 6 tokens repeat an earlier stretch
+    assert drafter.index.match_length(16) == 0 and drafter.situation(copied) == (6).bit_length()
+    drafter.reset()
+    long = fresh + [0] + fresh  # a 20-token copy: capped at 16, the top class
+    assert drafter.situation(long) == 5 and drafter.index.match_length(16) == 16
+    assert drafter.index.match_length(64) == 20
+    # the class describes the match `propose` copies from: its continuation is what follows it
+    assert drafter.continuation(long, (), 1) == [0]  # what followed fresh's first occurrence
+
+
+def test_long_match_must_cover_max_n():
+    with pytest.raises(ValueError, match="long_match"):
+        LookupConfig(max_n=4, long_match=3)

@@ -144,8 +144,8 @@ def test_a_prompts_piece_does_not_make_drafts_look_free(decoder, monkeypatch):
     the few tokens the pass emits (the load the policy is asked with would include them)."""
     loads = []
     real = AdaptiveK.choose
-    monkeypatch.setattr(AdaptiveK, "choose", lambda self, d, lag=0, load=ALONE: loads.append(load)
-                        or real(self, d, lag, load))
+    monkeypatch.setattr(AdaptiveK, "choose", lambda self, d, lag=0, load=ALONE, situation=None: loads.append(load)
+                        or real(self, d, lag, load, situation))
     seqs = [new_sequence(slot, decoder.encode(p), CONFIGS[2], frozenset([0]), policy=decoder.policy.for_request())
             for slot, p in zip(decoder.slots, PROMPTS[:2])]
     for seq in seqs:

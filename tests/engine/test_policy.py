@@ -111,14 +111,15 @@ def test_a_free_drafter_is_learned_from_shadows_and_never_re_tested():
 
 
 class RecordingK(AdaptiveK):
-    def observe_shadow(self, drafter: str, accept_probability: float) -> None:
-        self.shadows.append((drafter, accept_probability))
-        super().observe_shadow(drafter, accept_probability)
+    def observe_shadow(self, drafter: str, accept_probability: float, situation=None) -> None:
+        self.shadows.append((drafter, accept_probability, situation))
+        super().observe_shadow(drafter, accept_probability, situation)
 
 
 def test_the_loop_reports_a_skipped_lookup_guess_with_the_targets_p_of_it():
     """Through the engine (greedy, a tiny float64 pair): in every round where lookup had a guess but K
-    was 0, the policy hears p(guess) from the round's own pass: 1 exactly when the target emitted it."""
+    was 0, the policy hears p(guess) from the round's own pass: 1 exactly when the target emitted it,
+    filed under the round's match class."""
     import torch
 
     from specdecode.core.probs import SamplingParams
@@ -139,12 +140,14 @@ def test_the_loop_reports_a_skipped_lookup_guess_with_the_targets_p_of_it():
         guess = lookup(context, 1, config)
         room = 60 - (len(context) - len(prompt)) > 1  # the last token of the budget has no room for a draft
         if rnd.sources == [TARGET] and guess and room:
-            name, probability = policy.shadows[checked]
+            name, probability, situation = policy.shadows[checked]
             assert name == "lookup" and probability == float(guess[0] == rnd.tokens[0])
+            assert situation == LookupDrafter(config).situation(context) is not None
             checked += 1
         context += rnd.tokens
     assert checked == len(policy.shadows) >= 10
-    assert {p for _, p in policy.shadows} == {0.0, 1.0}  # right and wrong guesses were both heard
+    assert {p for _, p, _ in policy.shadows} == {0.0, 1.0}  # right and wrong guesses were both heard
+    assert len({s for _, _, s in policy.shadows}) >= 2  # more than one match class was met
 
 
 def test_shadow_evidence_moves_the_estimate_as_a_round_would():
@@ -316,3 +319,62 @@ def test_tree_alternatives_are_kept_while_they_pay():
     assert steep.tree_alternatives("model", 3, gains) == 0
     assert middle.tree_alternatives("model", 3, gains) == 2
     assert FixedK(3).tree_alternatives("model", 3, gains) == 3  # a pinned shape is kept
+
+
+def test_acceptance_is_learned_per_situation():
+    """Prompt lookup after a 2-3 token match is right 40% of the time, after a 16+ token match 97%
+    (the embedded pair measured 37-53% and 95-96%). On a CPU-like curve (each token 0.75 of a step)
+    the policy that keeps them apart drafts on long matches and never on short ones; the
+    control that pools the same evidence (one estimate, ~0.69) cannot draft on either."""
+    curve = {str(n): 1.0 + 0.75 * (n - 1) for n in range(1, 10)}
+    apart, pooled = AdaptiveK(k_max=8), AdaptiveK(k_max=8)
+    for policy in (apart, pooled):
+        policy.load_costs({"t_verify": curve, "t_step": {"lookup": 1e-4}})
+    for _ in range(100):
+        for situation, p in ((2, 0.4), (5, 0.97)):
+            apart.observe_shadow("lookup", p, situation)
+            pooled.observe_shadow("lookup", p)
+    assert apart.choose("lookup", situation=5) == 3  # the optimum at alpha 0.97 on this curve
+    assert apart.choose("lookup", situation=2) == 0
+    assert pooled.choose("lookup") == 0
+    assert apart.alpha("lookup", 5) == pytest.approx(0.97, abs=0.03) and apart.alpha("lookup") == apart.prior_alpha
+    assert apart.alpha("lookup", 3) == apart.situation_prior < apart.prior_alpha  # a class not yet met: neutral
+    # a drafted round's evidence goes to its situation too
+    apart.observe("lookup", 8, 0, 0.0, 9, 7.0, situation=5)
+    assert apart.alpha("lookup", 5) < 0.93 and apart.alpha("lookup", 2) == pytest.approx(0.4, abs=0.02)
+
+
+class ObservingK(AdaptiveK):
+    def observe(self, drafter, drafted, accepted, t_draft, n_verified, t_verify, situation=None) -> None:
+        self.rounds.append((drafter, drafted, situation))
+        super().observe(drafter, drafted, accepted, t_draft, n_verified, t_verify, situation)
+
+
+def test_the_loop_files_a_drafted_round_under_its_match_class():
+    """Through the engine (greedy, tiny float64 pair, lookup on a repeating prompt): every drafted
+    round's evidence goes to the class of the match it copied from, computed before the round."""
+    import torch
+
+    from specdecode.core.probs import SamplingParams
+    from specdecode.drafters.lookup import LookupConfig, LookupDrafter
+    from specdecode.engine.config import GenerationConfig
+    from specdecode.engine.loop import generate_tokens
+    from tests.tiny import tiny_pair
+
+    target, _ = tiny_pair(seed=1, dtype=torch.float64)
+    policy = ObservingK(k_max=4, situation_prior=0.9)  # draft from the first round: K > 0 to observe
+    policy.rounds = []
+    policy.load_costs({"t_verify": {str(n): 1.0 for n in range(1, 6)}, "t_step": {"lookup": 1e-4}})  # flat
+    config = LookupConfig(min_n=1, max_n=3)
+    prompt = [3, 4, 5, 6, 7, 8, 9, 10, 11, 3, 4, 5, 6, 7, 8]
+    context, drafted = list(prompt), 0
+    for rnd in generate_tokens(target, [LookupDrafter(config)], prompt, GenerationConfig(max_new_tokens=40,
+                               sampling=SamplingParams(temperature=0.0), k=None), frozenset(), policy=policy):
+        name, k, situation = policy.rounds[-1]
+        if k:
+            assert name == "lookup" and situation == LookupDrafter(config).situation(context)
+            drafted += 1
+        else:
+            assert situation is None
+        context += rnd.tokens
+    assert drafted >= 3
