@@ -19,7 +19,7 @@ curve (`core.theory.CostModel`). It estimates:
   where the draft model must be re-tested with real drafts now and then. A drafter that
   reports a situation per round gets an estimate per situation: prompt lookup's match
   length class (a 2-token coincidence is copied right far less often than a 16-token
-  shared history), so long matches draft deep and short ones not at all.
+  shared history), so long matches draft and short ones do not.
 Keeping the timings fixed and the acceptance state per request makes K a function of
 the request's own outcomes, so a seed reproduces its sample within a process
 (`track_costs=True` keeps refining the timings online instead, at that price).
