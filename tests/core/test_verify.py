@@ -232,3 +232,50 @@ def test_first_two_tokens_follow_target_joint(params, k):
 def test_negative_controls_are_caught(broken):
     """The same statistic must reject broken rules (power check), at the same 1e-3 level."""
     assert two_token_p_value(broken, SamplingParams(), k=3) < 1e-3
+
+
+def _one_hot(rows: int, V: int, g: torch.Generator) -> torch.Tensor:
+    return torch.nn.functional.one_hot(torch.randint(V, (rows,), generator=g), V).to(torch.float64)
+
+
+def test_greedy_randomness_needs_no_noise():
+    """Greedy p and q are one-hot, so every residual or bonus a rule samples has at most one positive
+    weight: ones in place of the V exponentials (`Randomness.draw(greedy=True)`, 3.6 ms a round for
+    Qwen) give the same tokens, for the token and block rules and the tree walk. The control: with a
+    sampled p the same swap changes tokens, so the comparison can see a difference."""
+    from specdecode.core.block import verify_block
+    from specdecode.core.tree import DraftTree, verify_tree
+
+    g, V, K = torch.Generator().manual_seed(0), 6, 3
+    changed = 0
+    for trial in range(300):
+        sampled = trial % 3 == 2  # the control
+        p = torch.softmax(torch.randn(1, K + 1, V, generator=g, dtype=torch.float64), -1) if sampled \
+            else _one_hot(K + 1, V, g)[None]
+        drafts = torch.randint(V, (1, K), generator=g)
+        if trial % 2:  # a drafter's q: one-hot under greedy; a deterministic drafter: None
+            drafts = torch.where(torch.rand(1, K, generator=g) < 0.6, p[:, :K].argmax(-1), drafts)
+        q = torch.nn.functional.one_hot(drafts, V).to(torch.float64) if trial % 4 < 2 else None
+        u = torch.rand(1, K, generator=g, dtype=torch.float64)
+        noisy = Randomness(u=u, noise=torch.empty(1, V, dtype=torch.float64).exponential_(1.0, generator=g))
+        plain = Randomness(u=u, noise=torch.ones(1, V, dtype=torch.float64))
+        parents = [-1, 0, -1, 2, 0]
+        tree_p = torch.softmax(torch.randn(6, V, generator=g, dtype=torch.float64), -1) if sampled \
+            else _one_hot(6, V, g)
+        tree = DraftTree(torch.randint(V, (5,), generator=g).tolist(), parents)
+        tree_u = torch.rand(5, generator=g, dtype=torch.float64)
+        results = []
+        for rand in (noisy, plain):
+            results.append((verify(drafts, q, p, rand).emitted(0), verify_block(drafts, q, p, rand).emitted(0),
+                            verify_tree(tree, tree_p, tree_u, rand.noise[0]).tokens))
+        if sampled:
+            changed += results[0] != results[1]
+        else:
+            assert results[0] == results[1]
+    assert changed >= 20  # of 100 sampled trials
+
+    before, after = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    rand = Randomness.draw(2, 3, 151_936, after, greedy=True)
+    assert torch.equal(rand.u, torch.rand((2, 3), generator=before, dtype=torch.float64))
+    assert torch.equal(rand.noise, torch.ones(2, 151_936, dtype=torch.float64))
+    assert torch.equal(torch.rand(4, generator=before), torch.rand(4, generator=after))  # no V draws consumed
