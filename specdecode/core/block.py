@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from specdecode.core.probs import sample_with_noise
+from specdecode.core.probs import sample_with_uniform
 from specdecode.core.verify import Randomness, VerifyResult, check_inputs
 
 
@@ -76,14 +76,14 @@ def verify_block(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Te
         residual = (w * p_next - q64[rows, tau.clamp(max=K - 1)]).clamp_min(0)
     residual = torch.where(bonus.unsqueeze(-1), p_next, residual)
     residual = torch.where((residual.sum(-1) > 0).unsqueeze(-1), residual, p_next)
-    y = sample_with_noise(residual, rand.noise.to(torch.float64))
+    y = sample_with_uniform(residual, rand.v)
     return VerifyResult.of(draft_tokens, tau, y)
 
 
 def verify_block_reference(draft_tokens: list[int], q: torch.Tensor | None, p: torch.Tensor,
-                           u: torch.Tensor, noise: torch.Tensor) -> list[int]:
+                           u: torch.Tensor, v: torch.Tensor) -> list[int]:
     """One sequence, written as the paper's loop: the oracle `verify_block` must match bit for bit.
-    q [K, V] or None (one-hot), p [K+1, V], u [K], noise [V]."""
+    q [K, V] or None (one-hot), p [K+1, V], u [K], v [] (the last sample's uniform)."""
     K = len(draft_tokens)
     p = p.to(torch.float64)
 
@@ -110,4 +110,4 @@ def verify_block_reference(draft_tokens: list[int], q: torch.Tensor | None, p: t
         residual = (weights[tau] * p[tau] - q_row(tau)).clamp_min(0)
         if residual.sum() <= 0:
             residual = p[tau]
-    return list(draft_tokens[:tau]) + [int(sample_with_noise(residual, noise.to(torch.float64)))]
+    return list(draft_tokens[:tau]) + [int(sample_with_uniform(residual, v))]

@@ -10,8 +10,9 @@ greedy and yields a one-hot distribution at the argmax, so greedy decoding runs
 through the same verification lines as sampling.
 
 Sampling never touches a global RNG: it takes a `torch.Generator` or the
-exponential noise itself (`sample_with_noise`), which lets tests replay the
-exact same randomness through two implementations.
+randomness itself (a uniform per row, `sample_with_uniform`; Exp(1) noise per token,
+`sample_with_noise`, for reproducible sampling), which lets tests replay the exact
+same randomness through two implementations.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ def simulate_rounds(p: torch.Tensor, q: torch.Tensor, k: int, rounds: int,
         b = min(batch, rounds - done)
         q_b = q.expand(b, k, V)
         draft = sample(q_b, generator)
-        result = verify(draft, q_b, p.expand(b, k + 1, V), Randomness.draw(b, k, V, generator))
+        result = verify(draft, q_b, p.expand(b, k + 1, V), Randomness.draw(b, k, generator))
         n_counts += torch.bincount(result.n_accepted, minlength=k + 1)
         emitted = result.tokens[result.tokens >= 0]
         token_counts += torch.bincount(emitted, minlength=V)

@@ -22,7 +22,7 @@ of the walk emits the residual's law whatever that number is.
 
 Labelled deviations, as in `verify`: `u * q < r` (no division; q_c(x_c) = 0 is rejected outright),
 the residual kept normalised in float64, an all-zero residual (p == q up to rounding, rejection of
-probability 0) falls back to r, the final token sampled by the exponential race.
+probability 0) falls back to r, the final token sampled by inverse CDF at one uniform v.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Sequence
 
 import torch
 
-from specdecode.core.probs import sample_with_noise
+from specdecode.core.probs import sample_with_uniform
 
 
 def tree_depths(parents: Sequence[int]) -> list[int]:
@@ -126,11 +126,11 @@ def residual(r: torch.Tensor, q_c: torch.Tensor | None, x: int) -> torch.Tensor:
     return left if bool(left.sum() > 0) else r
 
 
-def verify_tree(tree: DraftTree, p: torch.Tensor, u: torch.Tensor, noise: torch.Tensor) -> TreeResult:
+def verify_tree(tree: DraftTree, p: torch.Tensor, u: torch.Tensor, v: torch.Tensor) -> TreeResult:
     """Walk the tree as the module docstring says. p [N+1, V] (p[0] after the root, p[j+1] after
-    node j); u [N] uniforms in [0, 1), one per node (used only if the node is tested); noise [V]:
-    Exp(1) noise for the one final sample. A deterministic node never builds a V-sized q row."""
-    check_tree(tree, p, u, noise)
+    node j); u [N] uniforms in [0, 1), one per node (used only if the node is tested); v []: the
+    uniform of the one final sample (inverse CDF). A deterministic node never builds a V-sized q row."""
+    check_tree(tree, p, u, v)
     p64 = p.to(torch.float64)
     node, r, path = -1, p64[0], []
     while True:
@@ -143,10 +143,10 @@ def verify_tree(tree: DraftTree, p: torch.Tensor, u: torch.Tensor, noise: torch.
                 break
             r = residual(r, None if tree.q is None else tree.q[c], x)
         else:
-            return TreeResult(path, [tree.tokens[j] for j in path] + [int(sample_with_noise(r, noise))])
+            return TreeResult(path, [tree.tokens[j] for j in path] + [int(sample_with_uniform(r, v))])
 
 
-def verify_tree_reference(tree: DraftTree, p: torch.Tensor, u: torch.Tensor, noise: torch.Tensor) -> list[int]:
+def verify_tree_reference(tree: DraftTree, p: torch.Tensor, u: torch.Tensor, v: torch.Tensor) -> list[int]:
     """The walk written densely (every q a V-sized row, one-hot ones materialised): the oracle
     `verify_tree` must match bit for bit. Returns the emitted tokens."""
     p64 = p.to(torch.float64)
@@ -170,19 +170,19 @@ def verify_tree_reference(tree: DraftTree, p: torch.Tensor, u: torch.Tensor, noi
             if left.sum() > 0:
                 r = left / left.sum()
         if accepted is None:
-            return emitted + [int(sample_with_noise(r, noise))]
+            return emitted + [int(sample_with_uniform(r, v))]
         emitted.append(tree.tokens[accepted])
         node, r = accepted, p64[accepted + 1]
 
 
-def check_tree(tree: DraftTree, p: torch.Tensor, u: torch.Tensor, noise: torch.Tensor) -> None:
+def check_tree(tree: DraftTree, p: torch.Tensor, u: torch.Tensor, v: torch.Tensor) -> None:
     N = len(tree)
     if p.dim() != 2 or p.shape[0] != N + 1:
         raise ValueError(f"p must be [N+1, V] = [{N + 1}, V] for a tree of {N} nodes, got {tuple(p.shape)}")
     V = p.shape[1]
     if tree.q is not None and tuple(tree.q.shape) != (N, V):
         raise ValueError(f"the tree's q must be [N, V] = [{N}, {V}], got {tuple(tree.q.shape)}")
-    if tuple(u.shape) != (N,) or tuple(noise.shape) != (V,):
-        raise ValueError(f"randomness must be u [{N}] and noise [{V}], got {tuple(u.shape)} and {tuple(noise.shape)}")
+    if tuple(u.shape) != (N,) or tuple(v.shape) != ():
+        raise ValueError(f"randomness must be u [{N}] and a scalar v, got {tuple(u.shape)} and {tuple(v.shape)}")
     if any(not 0 <= x < V for x in tree.tokens):
         raise ValueError(f"tree tokens must be token ids in [0, {V})")

@@ -366,7 +366,7 @@ def _verify_row(job: RoundJob, drafter: Drafter | None, proposal: Proposal | Non
         job.target.truncate(job.target.length - (size - 1 - n))
         drafter.observe(len(drafts), n)
     elif drafts:
-        n, emitted = _judge(drafts, proposal.q, p, job.rule, job.generator, job.params.greedy)
+        n, emitted = _judge(drafts, proposal.q, p, job.rule, job.generator)
         sources = [DRAFT] * n + [BONUS if n == len(drafts) else CORRECTION]
         job.target.truncate(job.target.length - (size - 1 - n))  # keep pending + the n accepted drafts
         drafter.observe(len(drafts), n)
@@ -380,12 +380,12 @@ def _verify_row(job: RoundJob, drafter: Drafter | None, proposal: Proposal | Non
 
 
 def _judge(drafts: list[int], q: torch.Tensor | None, p: torch.Tensor, rule: VerifyRule,
-           generator: torch.Generator, greedy: bool = False) -> tuple[int, list[int]]:
+           generator: torch.Generator) -> tuple[int, list[int]]:
     """A chain's verification: (drafts accepted, tokens emitted)."""
     # every tensor on p's device (q comes from the draft model's); the randomness is drawn
     # on the sequence's generator (CPU) and moved, so a seed's output depends neither on
     # the device nor on the other rows of the batch
-    rand = Randomness.draw(1, len(drafts), p.shape[-1], generator, device=p.device, greedy=greedy)
+    rand = Randomness.draw(1, len(drafts), generator, device=p.device)
     draft_tokens = torch.tensor([drafts], dtype=torch.long, device=p.device)
     result = rule(draft_tokens, None if q is None else q.to(device=p.device, dtype=p.dtype)[None], p[None], rand)
     return int(result.n_accepted[0]), result.emitted(0)
@@ -400,11 +400,11 @@ def _verify_tree_row(job: RoundJob, drafter: Drafter, proposal: Proposal, p: tor
     if isinstance(job.generator, CounterNoise):
         path, emitted = verify_tree_equal(tree, p, job.generator, len(job.context), job.params.greedy)
     else:
-        rand = Randomness.draw(1, len(tree), p.shape[-1], job.generator, device=p.device, greedy=job.params.greedy)
+        rand = Randomness.draw(1, len(tree), job.generator, device=p.device)
         tree = DraftTree(tree.tokens, tree.parents, None if tree.q is None else tree.q.to(p.device))
         # the multi-candidate rule, whichever chain rule the job has (block verification is a chain
         # rule); the audit's broken controls bring their own tree versions
-        result = getattr(job.rule, "tree_rule", verify_tree)(tree, p, rand.u[0], rand.noise[0])
+        result = getattr(job.rule, "tree_rule", verify_tree)(tree, p, rand.u[0], rand.v[0])
         path, emitted = result.path, result.tokens
     job.target.accept_path([0] + [j + 1 for j in path])
     chain = tree.main_chain()
@@ -493,8 +493,8 @@ def time_pass(target: Model, token: int, n: int, params: SamplingParams | None =
 
     params: also time what a round does with the pass's logits, as `_verify_row` does it: the
     probabilities of every row, then a plain step's sample (n = 1) or the verification of n - 1
-    one-hot drafts (the noise of the residual sample alone is V exponential draws, 3.6 ms for
-    Qwen's 151,936 tokens): what adaptive K must weigh, since on a CPU it is several percent of a
+    one-hot drafts (the residual, its float64 cumulative sum and the accept tests: ~1 ms for
+    Qwen's 151,936 tokens): what adaptive K must weigh, since on a CPU it is part of a
     round that drafts (README, "Speculation against plain, pair by pair"). The calibrating request's
     sampling prices every later request's rounds (as it prices the drafters' steps): a sampled
     round's probabilities cost ~2 ms more than a greedy one's for 4 rows of 151,936."""
@@ -507,7 +507,7 @@ def time_pass(target: Model, token: int, n: int, params: SamplingParams | None =
         generator = torch.Generator().manual_seed(0)  # its own: no effect on any output
         p = logits_to_probs(logits, params)
         if n > 1:
-            _judge([token] * (n - 1), None, p, verify, generator, params.greedy)
+            _judge([token] * (n - 1), None, p, verify, generator)
         else:
             sample_token(p[0], generator, length, params.greedy)
     elapsed = time.perf_counter() - t0

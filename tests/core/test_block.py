@@ -147,7 +147,7 @@ def test_a_failed_test_does_not_end_the_block():
     q = torch.tensor([[[0.9, 0.1], [0.5, 0.5]]], dtype=torch.float64)
     draft = torch.tensor([[0, 0]])
     # P_1 = 5/9, r_1 = max(0, 5/18 - 1/2, 5/18 - 1/2) = 0 -> h_1 = 0; P_2 = 5/9 = h_2
-    rand = Randomness(u=torch.tensor([[0.99, 0.5]], dtype=torch.float64), noise=torch.ones(1, 2))
+    rand = Randomness(u=torch.tensor([[0.99, 0.5]], dtype=torch.float64), v=torch.full((1,), 0.5, dtype=torch.float64))
     assert int(verify_block(draft, q, p, rand).n_accepted[0]) == 2
 
 
@@ -155,7 +155,7 @@ def test_greedy_keeps_exactly_the_matching_prefix():
     p = torch.zeros(1, 4, 5, dtype=torch.float64)
     for i, a in enumerate([1, 2, 3, 4]):
         p[0, i, a] = 1.0
-    rand = Randomness.draw(1, 3, 5, torch.Generator().manual_seed(0))
+    rand = Randomness.draw(1, 3, torch.Generator().manual_seed(0))
     result = verify_block(torch.tensor([[1, 2, 0]]), None, p, rand)
     assert result.emitted(0) == [1, 2, 3]
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from specdecode.core import tree as tree_rule
-from specdecode.core.probs import SamplingParams, exponential_noise, logits_to_probs, sample_with_noise
+from specdecode.core.probs import SamplingParams, logits_to_probs, sample
 from specdecode.core.tree import DraftTree, remove, residual, verify_tree, verify_tree_reference
 from specdecode.stats import chi_square
 from tests.core.test_enumeration import speculative_joint
@@ -167,12 +167,12 @@ def test_implementation_equals_reference_bit_for_bit(kind, params):
         shape = [(3,), (2, 2), (1, 3), (3, 2, 1), (2, 2, 2)][case % 5]
         tree, p = random_tree(g, 6, shape, kind, PARAMS[params], zeros=case % 2 == 1)
         u = torch.rand(len(tree), generator=g, dtype=torch.float64)
-        noise = exponential_noise((6,), g)
-        expected = verify_tree_reference(tree, p, u, noise)
-        assert verify_tree(tree, p, u, noise).tokens == expected
+        v = torch.rand((), generator=g, dtype=torch.float64)
+        expected = verify_tree_reference(tree, p, u, v)
+        assert verify_tree(tree, p, u, v).tokens == expected
         if kind == "top":  # all deterministic: the same walk without V-sized q rows
             light = DraftTree(tree.tokens, tree.parents, None)
-            assert verify_tree(light, p, u, noise).tokens == expected
+            assert verify_tree(light, p, u, v).tokens == expected
 
 
 def test_result_path_matches_tokens_and_depths():
@@ -183,15 +183,16 @@ def test_result_path_matches_tokens_and_depths():
     p[0] = torch.tensor([0.0, 1.0, 0.0, 0.0])  # the target wants 1 at the root, then 3, then 0
     p[1] = torch.tensor([0.0, 0.0, 0.0, 1.0])
     p[3] = torch.tensor([1.0, 0.0, 0.0, 0.0])
-    result = verify_tree(tree, p, torch.zeros(4, dtype=torch.float64), exponential_noise((4,), torch.Generator()))
+    result = verify_tree(tree, p, torch.zeros(4, dtype=torch.float64), torch.tensor(0.5, dtype=torch.float64))
     assert result.path == [0, 2, 3] and result.tokens == [1, 3, 0, 3]
 
 
 @pytest.mark.parametrize("bad, message", [
     (lambda: DraftTree([1, 2], [-1]), "one parent per token"),
     (lambda: DraftTree([1, 2], [1, -1]), "earlier node"),
-    (lambda: verify_tree(DraftTree([1], [-1]), torch.ones(1, 3) / 3, torch.zeros(1), torch.ones(3)), "N\\+1"),
-    (lambda: verify_tree(DraftTree([7], [-1]), torch.ones(2, 3) / 3, torch.zeros(1), torch.ones(3)), "token ids"),
+    (lambda: verify_tree(DraftTree([1], [-1]), torch.ones(1, 3) / 3, torch.zeros(1), torch.tensor(0.5)), "N\\+1"),
+    (lambda: verify_tree(DraftTree([7], [-1]), torch.ones(2, 3) / 3, torch.zeros(1), torch.tensor(0.5)), "token ids"),
+    (lambda: verify_tree(DraftTree([1], [-1]), torch.ones(2, 3) / 3, torch.zeros(1), torch.ones(3)), "scalar v"),
 ])
 def test_bad_trees_are_refused(bad, message):
     with pytest.raises(ValueError, match=message):
@@ -228,9 +229,9 @@ def _sample_first_two(kind: str, n: int, seed: int):
         tree = DraftTree(tokens, parents, torch.stack(q_rows))
         p = torch.stack([target.probs(())] + [target.probs(contexts[j]) for j in range(len(tokens))])
         out = verify_tree(tree, p, torch.rand(len(tree), generator=g, dtype=torch.float64),
-                          exponential_noise((vocab,), g)).tokens
+                          torch.rand((), generator=g, dtype=torch.float64)).tokens
         if len(out) == 1:
-            out.append(int(sample_with_noise(target.probs(tuple(out)), exponential_noise((vocab,), g))))
+            out.append(int(sample(target.probs(tuple(out)), g)))
         counts[(out[0], out[1])] += 1
     joint = target.joint(2)
     keys = sorted(joint)

@@ -40,7 +40,7 @@ PROMPTS = ["abcabcab", "hello hello", "a", "the cat sat on the mat. the cat", "x
 CONFIGS = [GenerationConfig(max_new_tokens=30, sampling=GREEDY, k=3),
            GenerationConfig(max_new_tokens=12, sampling=SAMPLED, k=2, seed=5),
            GenerationConfig(max_new_tokens=25, sampling=GREEDY, k=None),
-           GenerationConfig(max_new_tokens=30, sampling=SAMPLED, k=1, seed=9, stop=("7O",)),
+           GenerationConfig(max_new_tokens=30, sampling=SAMPLED, k=1, seed=9, stop=("}j",)),
            GenerationConfig(max_new_tokens=5, sampling=GREEDY, k=2),
            GenerationConfig(max_new_tokens=20, sampling=SAMPLED, k=3, seed=2)]
 

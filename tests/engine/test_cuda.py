@@ -47,10 +47,10 @@ def test_exactness_on_device(device):
 def test_randomness_for_a_seed_does_not_depend_on_the_device_argument(device):
     """Drawn on the generator's device (the CPU) and then moved: the same numbers whatever
     device p lives on (here the explicit-device path with the CPU as target)."""
-    plain = Randomness.draw(2, 3, 7, torch.Generator().manual_seed(5))
-    moved = Randomness.draw(2, 3, 7, torch.Generator().manual_seed(5), device=device)
-    assert moved.u.device.type == moved.noise.device.type == "cpu"
-    assert torch.equal(plain.u, moved.u) and torch.equal(plain.noise, moved.noise)
+    plain = Randomness.draw(2, 3, torch.Generator().manual_seed(5))
+    moved = Randomness.draw(2, 3, torch.Generator().manual_seed(5), device=device)
+    assert moved.u.device.type == moved.v.device.type == "cpu"
+    assert torch.equal(plain.u, moved.u) and torch.equal(plain.v, moved.v)
     a = exponential_noise((4, 9), torch.Generator().manual_seed(3), dtype=torch.float32)
     b = exponential_noise((4, 9), torch.Generator().manual_seed(3), dtype=torch.float32, device=device)
     assert torch.equal(a, b)
