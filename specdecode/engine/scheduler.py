@@ -5,9 +5,12 @@ prompt in line to run; `step` runs one round of every running request in one tar
 with the next piece of the waiting prompts in the same pass (as llama.cpp's server does: the
 running rows advance while a prompt is processed, instead of waiting for a pass of its own),
 and returns each one's new text. Chunked prefill: a pass holds at most `prefill_tokens`
-tokens of prompts (less the running rows' one token each), taken in admission order, so a
-long prompt is computed over several rounds and never stalls the running streams for more
-than one such pass; a request whose prompt has run gets its first tokens in the next round.
+tokens of prompts (less the running rows' one token each), so a long prompt is computed over
+several rounds and never stalls the running streams for more than one such pass; a request whose
+prompt has run gets its first tokens in the next round. The shortest remaining prompt goes
+first (a short question does not wait behind a long file, as it would in admission order: the
+mean time to first token is least that way), and a prompt passed over for `patience` rounds
+goes before every other, so a long one is never starved by a stream of short ones.
 A request that ends, or that the caller `release`s (a client that left, even mid-prompt),
 frees its slot at once. A freed slot keeps its request's context
 (a prefix cache): `admit` picks the free slot holding the longest start of the new prompt.
@@ -33,6 +36,14 @@ from specdecode.engine.stats import GenerationStats
 
 
 @dataclass(eq=False)
+class Waiting:
+    """An admitted prompt's part still to run, and the rounds in a row it got no piece of a pass."""
+
+    rest: Row
+    passed_over: int = 0
+
+
+@dataclass(eq=False)
 class Active:
     """A running request: the caller's handle, its sequence and its text so far."""
 
@@ -43,13 +54,15 @@ class Active:
 
 class Scheduler:
     def __init__(self, decoder: SpeculativeDecoder, prefill_tokens: int = DEFAULT_PREFILL_TOKENS,
-                 cache_bytes: int = 0) -> None:
+                 cache_bytes: int = 0, patience: int = 4) -> None:
         """prefill_tokens: the most prompt tokens a pass computes, running rows included (module
         docstring). cache_bytes: the prompt cache's bound in host memory (0: none; the target's
-        backend must have `snapshot`/`restore`, as llama.cpp and transformers do)."""
-        if isinstance(prefill_tokens, bool) or not isinstance(prefill_tokens, int) or prefill_tokens < 1:
-            raise ValueError(f"prefill_tokens must be an integer >= 1, got {prefill_tokens!r}")
-        self.decoder, self.prefill_tokens = decoder, prefill_tokens
+        backend must have `snapshot`/`restore`, as llama.cpp and transformers do). patience: the
+        rounds a waiting prompt may get no piece before it goes first."""
+        for name, value in (("prefill_tokens", prefill_tokens), ("patience", patience)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        self.decoder, self.prefill_tokens, self.patience = decoder, prefill_tokens, patience
         self.prompt_cache = PromptCache(cache_bytes) if cache_bytes and hasattr(decoder.target, "snapshot") \
             else None
         self.free: list[Slot] = list(decoder.slots)
@@ -57,8 +70,8 @@ class Scheduler:
         # with that request's sequence (still the cache's owner unless something else used the target since)
         self.cached: dict[int, tuple[Seq, list[int]]] = {}
         self.running: list[Active] = []
-        # admitted requests whose prompts have not all run: the part still to run, in admission order
-        self._prompts: dict[Active, Row] = {}
+        # admitted requests whose prompts have not all run, in admission order
+        self._prompts: dict[Active, Waiting] = {}
         self.pass_tokens = 0  # tokens in the last round's pass, prompts' pieces included (0: no pass)
         self.pass_rows = 0  # sequences in the last round's pass: decoding rows and prompts' pieces
 
@@ -88,7 +101,7 @@ class Scheduler:
         active = Active(key, seq, TextAssembler(self.decoder.tokenizer, config.stop, seq.stats))
         self.running.append(active)
         if prompt is not None:
-            self._prompts[active] = prompt
+            self._prompts[active] = Waiting(prompt)
         return active
 
     def step(self) -> list[tuple[Active, list[Chunk]]]:
@@ -122,17 +135,21 @@ class Scheduler:
         return out
 
     def _prompt_pieces(self, running_rows: int) -> list[tuple[Active, Row]]:
-        """This round's pieces of the waiting prompts, in admission order: prefill_tokens tokens less
-        one per running row (so that, drafting aside, the pass stays within the bound), at least one.
-        A prompt whose last piece is taken leaves the line and decodes from the next round."""
+        """This round's pieces of the waiting prompts: prefill_tokens tokens less one per running row
+        (so that, drafting aside, the pass stays within the bound), at least one. Prompts passed over
+        `patience` rounds first, the longest passed over first; then the shortest remaining first (module
+        docstring). A prompt whose last piece is taken leaves the line and decodes from the next round."""
         room, pieces = max(1, self.prefill_tokens - running_rows), []
-        for active, row in list(self._prompts.items()):
+        line = sorted(self._prompts.items(), key=lambda item: (0, -item[1].passed_over)  # stable: ties keep
+                      if item[1].passed_over >= self.patience else (1, len(item[1].rest.tokens)))  # admission order
+        for active, waiting in line:
             if room <= 0:
-                break
-            n = min(room, len(row.tokens))
-            pieces.append((active, row._replace(tokens=row.tokens[:n])))
-            if n < len(row.tokens):
-                self._prompts[active] = row._replace(tokens=row.tokens[n:])
+                waiting.passed_over += 1
+                continue
+            n = min(room, len(waiting.rest.tokens))
+            pieces.append((active, waiting.rest._replace(tokens=waiting.rest.tokens[:n])))
+            if n < len(waiting.rest.tokens):
+                self._prompts[active] = Waiting(waiting.rest._replace(tokens=waiting.rest.tokens[n:]))
             else:
                 del self._prompts[active]
             room -= n

@@ -278,6 +278,36 @@ def test_a_long_prompt_runs_in_pieces_beside_the_running_rows(decoder, monkeypat
     assert all(out[key] == decoder.generate(key + long_, CONFIGS[4]).tokens for key in "def")
 
 
+def test_the_shortest_prompt_goes_first_and_a_passed_over_one_is_not_starved(decoder, monkeypatch):
+    """A short prompt admitted behind a long one runs first (its request decodes while the long prompt
+    is still in pieces); with patience 1, the long prompt passed over once goes before the shorter
+    ones; with a large patience it waits for them (the control). Every output is the one alone."""
+    long_ = PROMPTS[3] + " " + PROMPTS[5] + " " + PROMPTS[3]
+    shorts = ["hello hello hi", "abcabcabcab", "aaaa bbbb aa"]  # 10-13 prompt tokens each
+    bound = 10
+
+    def first_pieces(patience: int) -> tuple[list[list[tuple[str, int]]], dict[str, list[int]]]:
+        passes = record_passes(monkeypatch)
+        scheduler = Scheduler(decoder, prefill_tokens=bound, patience=patience)
+        owner = {}
+        for key, prompt in [("long", long_)] + [(f"s{i}", p) for i, p in enumerate(shorts)]:
+            owner[id(scheduler.admit(key, decoder.encode(prompt), CONFIGS[4], speculative=False).seq.slot.target)] = key
+        out: dict[str, list[int]] = {}
+        while scheduler.running:
+            for a, chunks in scheduler.step():
+                out.setdefault(a.key, []).extend(t for c in chunks for t in c.tokens)
+        return [[(owner[id(model)], n) for model, n in pass_] for pass_ in passes[:4]], out
+
+    eager, out = first_pieces(patience=100)
+    prompt_rows = [[key for key, n in pass_ if key != "s1" or n > 1] for pass_ in eager]  # s1 decodes from pass 2
+    assert prompt_rows[:3] == [["s1"], ["s2"], ["s2", "s0"]] and prompt_rows[3][:2] == ["s0", "long"]
+    patient, out_patient = first_pieces(patience=1)
+    assert patient[0] == [("s1", 10)] and patient[1] == [("long", 9), ("s1", 1)]  # passed over once: it goes first
+    for key, prompt in [("long", long_)] + [(f"s{i}", p) for i, p in enumerate(shorts)]:
+        alone = decoder.generate(prompt, CONFIGS[4], speculative=False).tokens
+        assert out[key] == out_patient[key] == alone, key
+
+
 def record_kept(monkeypatch) -> list[int]:
     """The `keep` (cached prompt tokens) of every prefill from now on."""
     kept = []
