@@ -36,6 +36,25 @@ def test_a_copied_span_is_drafted_in_full():
     assert propose(SuffixDrafter(SuffixConfig()), context, k=4) == [13, 14, 15, 16]
 
 
+def test_the_situation_is_the_match_length_class_and_whether_the_counts_agree():
+    """Adaptive K learns acceptance per (length class, agreement): offline the first draft was accepted
+    31-54% of the time after a 2-token match, 76-95% after 8, and 10-31% where the counts split."""
+    def situation(context: list[int]):
+        return SuffixDrafter(SuffixConfig()).situation(context)  # a fresh drafter: no history
+
+    assert situation([1, 2, 3, 4, 5]) is None  # nothing repeats
+    assert situation([7, 1, 2, 9, 8, 1, 2]) == (2, True)  # (1, 2) -> 9 once: 2 tokens, agreed
+    assert situation([7, 1, 2, 9, 8, 1, 2, 6, 5, 1, 2]) == (2, False)  # (1, 2) -> 9 or 6: split
+    copied = [10, 11, 12, 13, 14, 15, 16, 17, 18, 99, 10, 11, 12, 13, 14, 15, 16, 17]
+    assert situation(copied) == ((8).bit_length(), True)  # the longest tail counted: max_n = 8
+    assert situation(copied[:-3]) == ((5).bit_length(), True)  # a 5-token match: class 4-7
+    assert situation(copied[:-4]) == ((4).bit_length(), True) != situation(copied[:-6])  # 4 and 2 tokens
+    # the same drafter follows the request: a history of the first text splits a later match
+    drafter = SuffixDrafter(SuffixConfig())
+    drafter.situation([1, 2, 3])
+    assert drafter.situation([7, 1, 2, 9, 8, 1, 2]) == (2, False)  # (1, 2) -> 3 earlier, 9 now
+
+
 def test_nothing_to_continue_proposes_nothing():
     assert propose(SuffixDrafter(), [1, 2, 3, 4, 5]) == []
 

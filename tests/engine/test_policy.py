@@ -350,13 +350,15 @@ class ObservingK(AdaptiveK):
         super().observe(drafter, drafted, accepted, t_draft, n_verified, t_verify, situation)
 
 
-def test_the_loop_files_a_drafted_round_under_its_match_class():
-    """Through the engine (greedy, tiny float64 pair, lookup on a repeating prompt): every drafted
-    round's evidence goes to the class of the match it copied from, computed before the round."""
+@pytest.mark.parametrize("kind", ["lookup", "suffix"])
+def test_the_loop_files_a_drafted_round_under_its_match_class(kind):
+    """Through the engine (greedy, tiny float64 pair, lookup or suffix on a repeating prompt): every
+    drafted round's evidence goes to the class of the match it copied from, computed before the round."""
     import torch
 
     from specdecode.core.probs import SamplingParams
     from specdecode.drafters.lookup import LookupConfig, LookupDrafter
+    from specdecode.drafters.suffix import SuffixConfig, SuffixDrafter
     from specdecode.engine.config import GenerationConfig
     from specdecode.engine.loop import generate_tokens
     from tests.tiny import tiny_pair
@@ -364,17 +366,19 @@ def test_the_loop_files_a_drafted_round_under_its_match_class():
     target, _ = tiny_pair(seed=1, dtype=torch.float64)
     policy = ObservingK(k_max=4, situation_prior=0.9)  # draft from the first round: K > 0 to observe
     policy.rounds = []
-    policy.load_costs({"t_verify": {str(n): 1.0 for n in range(1, 6)}, "t_step": {"lookup": 1e-4}})  # flat
-    config = LookupConfig(min_n=1, max_n=3)
+    policy.load_costs({"t_verify": {str(n): 1.0 for n in range(1, 6)}, "t_step": {kind: 1e-4}})  # flat
+    fresh = (lambda: LookupDrafter(LookupConfig(min_n=1, max_n=3))) if kind == "lookup" else \
+        (lambda: SuffixDrafter(SuffixConfig(min_n=1, max_n=3)))
     prompt = [3, 4, 5, 6, 7, 8, 9, 10, 11, 3, 4, 5, 6, 7, 8]
-    context, drafted = list(prompt), 0
-    for rnd in generate_tokens(target, [LookupDrafter(config)], prompt, GenerationConfig(max_new_tokens=40,
+    context, drafted, classes = list(prompt), 0, set()
+    for rnd in generate_tokens(target, [fresh()], prompt, GenerationConfig(max_new_tokens=40,
                                sampling=SamplingParams(temperature=0.0), k=None), frozenset(), policy=policy):
         name, k, situation = policy.rounds[-1]
         if k:
-            assert name == "lookup" and situation == LookupDrafter(config).situation(context)
+            assert name == kind and situation == fresh().situation(context) is not None
+            classes.add(situation)
             drafted += 1
         else:
             assert situation is None
         context += rnd.tokens
-    assert drafted >= 3
+    assert drafted >= 3 and len(classes) >= 2  # the rounds met more than one class
