@@ -113,12 +113,12 @@ def verify(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
 
     p_next = p[rows, n]  # p_{n+1}: residual row if rejected, bonus row if n == lengths
     rejected = n < lengths
-    if q is None:
-        q_next = torch.zeros_like(p_next)
-        q_next[rows, draft_tokens[rows, n.clamp(max=K - 1)]] = 1.0
+    if q is None:  # max(0, p - one-hot x) is p with x's entry zeroed (p(x) <= 1), without a V-sized q row
+        residual = p_next.clone()
+        residual[rows, draft_tokens[rows, n.clamp(max=K - 1)]] = 0.0
     else:
-        q_next = q[rows, n.clamp(max=K - 1)]
-    residual = torch.where(rejected.unsqueeze(-1), (p_next - q_next).clamp_min(0), p_next)
+        residual = (p_next - q[rows, n.clamp(max=K - 1)]).clamp_min(0)
+    residual = torch.where(rejected.unsqueeze(-1), residual, p_next)
     residual = torch.where((residual.sum(-1) > 0).unsqueeze(-1), residual, p_next)
     y = sample_with_uniform(residual, rand.v)
     return VerifyResult.of(draft_tokens, n, y)
@@ -175,10 +175,11 @@ def check_inputs(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Te
 
 
 def _check_distribution(name: str, probs: torch.Tensor, valid_rows: torch.Tensor, atol: float) -> None:
-    rows = probs[valid_rows]
-    if torch.isnan(rows).any() or (rows < 0).any():
+    # two reductions over the V-sized rows and nothing copied: a NaN anywhere makes its row's sum NaN
+    # (selecting the valid rows first copied them, and the checks took 1.3 of a round's 1.5 ms on 151,936 tokens)
+    sums, lowest = probs.sum(-1)[valid_rows], probs.amin(-1)[valid_rows]
+    if torch.isnan(sums).any() or (lowest < 0).any():
         raise ValueError(f"{name} contains NaN or negative entries; pass probabilities, not logits")
-    sums = rows.sum(-1)
     if ((sums - 1).abs() > atol).any():
         worst = float(sums[(sums - 1).abs().argmax()])
         raise ValueError(f"{name} rows must sum to 1 (found a row summing to {worst:.6f}); "
