@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdecode.core.probs import sample, sample_with_noise
+from specdecode.core.probs import argmax, sample, sample_with_noise
 from specdecode.core.tree import DraftTree
 
 _MASK = (1 << 64) - 1
@@ -87,7 +87,7 @@ def sample_token(p: torch.Tensor, source: "torch.Generator | CounterNoise", posi
     """One token from p [V]: the argmax when greedy (p is one-hot), else from `source`: a random
     generator's draw, or reproducible sampling's choice at `position`."""
     if greedy:
-        return int(torch.argmax(p))
+        return int(argmax(p))
     if isinstance(source, CounterNoise):
         return source.sample(p, position)
     return int(sample(p, source))

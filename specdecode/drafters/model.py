@@ -52,7 +52,7 @@ import time
 import torch
 
 from specdecode.backends.protocol import Model, Row, common_prefix, forward_batch
-from specdecode.core.probs import SamplingParams, logits_to_probs
+from specdecode.core.probs import SamplingParams, argmax, logits_to_probs
 from specdecode.core.reproducible import sample_token
 from specdecode.core.tree import remove
 from specdecode.drafters.protocol import ContinuationSource, Proposal
@@ -200,7 +200,7 @@ class ModelDrafter:
                 if j is not None:  # the copy's j-th node: below the chain's node i - 1, then below its own
                     x, q_x, parent = copies[i][j], _one_hot(rows[i], copies[i][j]), i - 1 if j == 0 else len(tokens) - 1
                 elif params.greedy:  # deterministic: the next most likely token, q one-hot
-                    x = int(pool.argmax())
+                    x = int(argmax(pool))
                     q_x, parent = _one_hot(rows[i], x), i - 1
                 elif bool(pool.sum() > 0):  # sampled without replacement from q_i minus what was drawn
                     x, q_x, parent = sample_token(pool, generator, position + i, False), pool, i - 1

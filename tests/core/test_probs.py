@@ -171,3 +171,18 @@ def test_greedy_sample_is_the_argmax_and_draws_no_noise():
     assert sample(probs, g, greedy=True).tolist() == [1, 0]
     assert torch.equal(g.get_state(), state)  # the random stream is untouched
     assert sample(probs, torch.Generator().manual_seed(7)).tolist() == [1, 0]  # same as the noisy path
+
+
+def test_argmax_is_torchs_first_maximum_with_nan_counting_as_the_maximum():
+    """The numpy path (float32/float64 on the CPU) returns what torch.argmax returns: the first of tied
+    maxima, the first NaN, 0 for a row of -inf; for strided views and batches; other dtypes go to torch."""
+    from specdecode.core.probs import argmax
+
+    nan, inf = float("nan"), float("inf")
+    rows = torch.tensor([[1.0, 3.0, 3.0, nan, nan], [-inf] * 5, [2.0, 2.0, 1.0, 0.0, 0.0], [0.0, -1.0, inf, inf, 5.0]])
+    g = torch.Generator().manual_seed(0)
+    cases = [rows, rows.double(), rows[:, ::2], rows.t(), rows[1], rows.bfloat16(),
+             torch.randn(3, 2, 151_936, generator=g), torch.randint(0, 4, (6, 50), generator=g).float()]
+    for x in cases:
+        got = argmax(x)
+        assert got.dtype == torch.long and torch.equal(got, torch.argmax(x, dim=-1)), x.shape
