@@ -145,7 +145,7 @@ def test_two_level_inverse_cdf_on_a_large_vocabulary():
 
 
 def test_exponential_race_law_and_negative_control():
-    """sample_with_noise (the residual's sampler in verify) follows probs; uniform noise instead
+    """sample_with_noise (reproducible sampling's sampler) follows probs; uniform noise instead
     of Exp(1) is caught. False-failure probability 1e-4 (fixed seed: deterministic in practice).
     """
     probs = torch.tensor([0.5, 0.25, 0.15, 0.07, 0.03], dtype=torch.float64)
