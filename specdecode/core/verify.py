@@ -19,8 +19,8 @@ Labelled deviations from the textbook form, none of which changes the law:
   test runs in float64 whatever p's dtype, u is a float64 uniform), and p(x) = 0 is
   never accepted even when u == 0.
 - the residual is sampled unnormalised, by inverse CDF with one uniform v per sequence
-  (`probs.sample_with_uniform`, float64); if it is all zero (p == q up to rounding, where rejection has probability 0 in
-  exact arithmetic) we sample from p instead of dividing by zero.
+  (`probs.sample_with_uniform`, float64); if it is all zero (p == q up to rounding, where
+  rejection has probability 0 in exact arithmetic) we sample from p instead of dividing by zero.
 - a deterministic drafter (n-gram lookup, greedy) passes `q=None`: q is one-hot at
   the drafted token without materialising a V-sized row; then q(x) = 1 and the
   residual is p with x zeroed.
@@ -49,7 +49,7 @@ class Randomness:
 
     One uniform, not V-sized noise: the last sample reads a float64 cumulative sum of the
     residual at v (0.15 ms for Qwen's 151,936 tokens, where an exponential race over V draws
-    cost 3.6 ms a round).
+    cost about 3 ms a round).
     """
 
     u: torch.Tensor
