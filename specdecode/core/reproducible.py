@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdecode.core.probs import argmax, sample, sample_with_noise
+from specdecode.core.probs import argmax, exponential_noise, sample, sample_with_noise
 from specdecode.core.tree import DraftTree
 
 _MASK = (1 << 64) - 1
@@ -45,8 +45,7 @@ class CounterNoise:
     seed: int
 
     def noise(self, position: int, vocab: int) -> torch.Tensor:
-        generator = torch.Generator().manual_seed(position_seed(self.seed, position))
-        return torch.empty(vocab, dtype=torch.float64).exponential_(1.0, generator=generator)
+        return exponential_noise((vocab,), torch.Generator().manual_seed(position_seed(self.seed, position)))
 
     def sample(self, p: torch.Tensor, position: int) -> int:
         """The token at `position` (0-based index in the whole sequence) given its distribution p [V]."""
