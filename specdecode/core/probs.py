@@ -129,7 +129,7 @@ def sample_with_noise(weights: torch.Tensor, noise: torch.Tensor) -> torch.Tenso
     no normalisation and never picks a zero-weight index while any weight is > 0.
     """
     tiny = torch.finfo(noise.dtype).tiny
-    return torch.argmax(weights.to(noise.dtype) / noise.clamp_min(tiny), dim=-1)
+    return argmax(weights.to(noise.dtype) / noise.clamp_min(tiny))
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None, greedy: bool = False) -> torch.Tensor:
