@@ -63,10 +63,12 @@ from specdecode.drafters.protocol import ContinuationSource, Proposal
 Drafting = Generator["Row | None", "torch.Tensor | None", Proposal]
 
 
-def draft_together(draftings: list[Drafting]) -> list[Proposal]:
+def draft_together(draftings: list[Drafting], steps: list[tuple[int, float]] | None = None) -> list[Proposal]:
     """Several sequences' drafting in lockstep: every catch-up in one pass, then one pass per draft
     step over the sequences still drafting (each leaves at its own K or confidence stop). Each
-    sequence samples from its own generator, so what it drafts does not depend on its batch."""
+    sequence samples from its own generator, so what it drafts does not depend on its batch.
+    `steps`, if given, gets (rows, seconds) of each draft step's pass: what a step costs by the
+    number of sequences in it (the catch-up pass is not a step)."""
     proposals: list[Proposal | None] = [None] * len(draftings)
     waiting: dict[int, Row | None] = {}
     for i, drafting in enumerate(draftings):
@@ -74,8 +76,10 @@ def draft_together(draftings: list[Drafting]) -> list[Proposal]:
             waiting[i] = next(drafting)
         except StopIteration as end:
             proposals[i] = end.value
+    catchup = True  # the first yield of every drafting is its catch-up (or None)
     while waiting:
         ready = [i for i, row in waiting.items() if row is not None]
+        t0 = time.perf_counter()
         logits = dict(zip(ready, forward_batch([waiting[i] for i in ready]))) if ready else {}
         after: dict[int, Row | None] = {}
         for i in waiting:
@@ -83,6 +87,9 @@ def draft_together(draftings: list[Drafting]) -> list[Proposal]:
                 after[i] = draftings[i].send(logits.get(i))
             except StopIteration as end:
                 proposals[i] = end.value
+        if steps is not None and ready and not catchup:  # the pass and each row's sample from it
+            steps.append((len(ready), time.perf_counter() - t0))
+        catchup = False
         waiting = after
     return proposals  # type: ignore[return-value]
 

@@ -261,13 +261,14 @@ def speculative_rounds(jobs: Seq[RoundJob], prefills: Seq[Row] = ()) -> list[Rou
     underprices them.
 
     A shared round without pieces reports its cost (the pass and every row's verification) to the
-    rows' policies (`observe_batch`): the batch's cost curve is measured where it is paid."""
-    tokens, expected = 0, 0.0
+    rows' policies (`observe_batch`), and each lockstep draft step its cost by the rows in it
+    (`observe_draft_batch`): the batch's cost curves are measured where they are paid."""
+    tokens, expected, lockstep = 0, 0.0, ()
     shared = len(jobs) > 1 or bool(prefills)  # other rows in the pass
     plans: list[_Draft] = []
     for i, job in enumerate(jobs):
         later = len(jobs) - i - 1  # rows still to draft: one token each, for now
-        load = BatchLoad(tokens + later, expected + later) if shared else ALONE
+        load = BatchLoad(tokens + later, expected + later, lockstep) if shared else ALONE
         t0 = time.perf_counter()
         plan = _draft(job.drafters, job.policy, job.context, min(job.k_cap, _room(job)), job.params,
                       job.generator, load, defer=True)
@@ -277,11 +278,18 @@ def speculative_rounds(jobs: Seq[RoundJob], prefills: Seq[Row] = ()) -> list[Rou
         plans.append(plan)
         tokens += len(plan.row.tokens) if plan.row is not None else plan.k + 1
         expected += job.policy.expected_tokens(plan.drafter.name, plan.k, plan.situation) if plan.k else 1.0
+        if plan.drafting is not None:
+            lockstep += ((plan.drafter.name, plan.k),)
     deferred = [(job, plan) for job, plan in zip(jobs, plans) if plan.drafting is not None]
     if deferred:
         t0 = time.perf_counter()
-        proposals = draft_together([plan.drafting for _, plan in deferred])
+        steps: list[tuple[int, float]] = []
+        proposals = draft_together([plan.drafting for _, plan in deferred], steps)
         t_together = time.perf_counter() - t0  # every row in it waited all of it
+        if shared:  # what a lockstep draft step costs by its rows, for the next rounds' K
+            for job, plan in deferred:
+                for rows, seconds in steps:
+                    job.policy.observe_draft_batch(plan.drafter.name, rows, seconds, len(deferred))
         for (job, plan), proposal in zip(deferred, proposals):
             t1 = time.perf_counter()
             plan.proposal, plan.drafting = _within(proposal, plan.k), None

@@ -29,13 +29,19 @@ padding positions are ignored (`verify_size`).
 
 In a batch the pass is shared: a row's K is chosen to maximise the decoding rows'
 expected tokens per second, (E_others + E[N](alpha, K)) / (T_batch(tokens_others + K + 1)
-+ draft time), with T_batch a shared round's cost as a function of the pass's total
-tokens. Prompts' pieces in the same pass are left out (engine/loop.py's
-`speculative_rounds`). So K falls to 0 when the batch already fills the machine, and
-rises where the curve is flat (a pass of 16 tokens costing little more than one of 8).
++ D), with T_batch a shared round's cost as a function of the pass's total tokens and D
+the round's drafting. A draft model's steps run in lockstep (its s-th step is one pass over
+every row still drafting), so D = sum over s of T_d(rows drafting at step s), with T_d a
+lockstep step's cost by its rows: a row's K is charged what its steps add to the batch's,
+nearly nothing where the draft's curve is flat (a GPU), most of a step on this CPU (the
+0.5B draft on llama.cpp: 24 ms a step alone, 66 ms for 4 rows). Prompts' pieces in the
+same pass are left out (engine/loop.py's `speculative_rounds`). So K falls to 0 when the
+batch already fills the machine, and rises where the curve is flat (a pass of 16 tokens
+costing little more than one of 8).
 T_batch is measured in the batch itself, on the rounds it runs (`observe_batch`: the
-pass and every row's work on its logits), and taken from the calibrated curve at sizes
-not yet run: a calibrated round is one sequence with one row's verification, which
+pass and every row's work on its logits; T_d likewise, `observe_draft_batch`, else the
+draft's calibrated step scaled by the target's calibrated curve), and taken from the
+calibrated curve at sizes not yet run: a calibrated round is one sequence with one row's verification, which
 prices a batch's rounds wrongly by more than the gains at stake (llama.cpp here: 4 rows
 of one token measured 105-110 ms in the batch against a calibrated 134 ms for 4 tokens,
 so drafts that lose looked 3% ahead). Timings measured online make K depend on timing
@@ -56,10 +62,13 @@ from specdecode.core.theory import CostModel, expected_tokens
 
 @dataclass(frozen=True, slots=True)
 class BatchLoad:
-    """What the other rows of a shared pass put into it: tokens, and tokens expected to be emitted."""
+    """What the other rows of a shared pass put into it: tokens, tokens expected to be emitted, and
+    the (drafter, K) of each row whose draft steps run in lockstep with the others' (a draft model's:
+    its s-th step is one pass over every row still drafting, `drafters/model.py`'s `draft_together`)."""
 
     tokens: int
     expected: float
+    lockstep: tuple[tuple[str, int], ...] = ()
 
 
 ALONE = BatchLoad(0, 0.0)
@@ -97,6 +106,10 @@ class KPolicy(Protocol):
     def observe_batch(self, tokens: int, seconds: float, rows: int) -> None:
         """Learn what a shared round of `tokens` decoding tokens cost (its pass and its rows' work
         on the logits); each of the round's `rows` rows reports it."""
+
+    def observe_draft_batch(self, drafter: str, rows: int, seconds: float, reporters: int) -> None:
+        """Learn what one lockstep draft step of `rows` sequences cost in a shared round; each of
+        the `reporters` rows that drafted in it reports it."""
 
     def wants_calibration(self) -> bool:
         """True until the target's cost curve has been measured."""
@@ -137,6 +150,9 @@ class FixedK:
         pass
 
     def observe_batch(self, tokens: int, seconds: float, rows: int) -> None:
+        pass
+
+    def observe_draft_batch(self, drafter: str, rows: int, seconds: float, reporters: int) -> None:
         pass
 
     def wants_calibration(self) -> bool:
@@ -192,6 +208,8 @@ class AdaptiveK:
     # a shared round's cost by its tokens, measured in the batch (`observe_batch`); not stored in the
     # calibration file: it is this process's batch, and shared by every request's policy (`for_request`)
     t_batch: dict[int, float] = field(default_factory=dict)
+    # ... and a lockstep draft step's cost by (drafter, sequences in it), measured there too
+    t_draft_batch: dict[tuple[str, int], float] = field(default_factory=dict)
     # acceptance evidence by drafter, or by (drafter, situation) for a drafter that reports one
     drafters: dict[Hashable, _DrafterState] = field(default_factory=dict)
 
@@ -237,6 +255,25 @@ class AdaptiveK:
         """T_batch(n): a shared round of n tokens as measured in the batch, else as calibrated."""
         return self.t_batch.get(n) or self._t(n)
 
+    def _t_draft_step(self, drafter: str, rows: int) -> float:
+        """T_d(rows): one lockstep draft step of `rows` sequences as measured in the batch, else the
+        drafter's calibrated one-sequence step scaled by the target's calibrated curve, T(rows) / T(1)
+        (the draft is a smaller model on the same kernels: llama.cpp here, a 4-row step of the 0.5B
+        draft measured 2.7x its one-row step where the target's 4-token pass is 2.9x)."""
+        if rows < 1:
+            return 0.0
+        t_step = self.t_step.get(drafter, self._t(1) / self.prior_c)
+        return self.t_draft_batch.get((drafter, rows)) or t_step * self._t(rows) / self._t(1)
+
+    def _shared_draft_seconds(self, lockstep: tuple[tuple[str, int], ...]) -> float:
+        """The lockstep draft loop of these rows: for each drafter, sum over steps s of
+        T_d(rows still drafting at step s), so a row's K costs what its steps add to the batch's."""
+        total = 0.0
+        for name in {name for name, _ in lockstep}:
+            ks = [k for n, k in lockstep if n == name]
+            total += sum(self._t_draft_step(name, sum(k >= s for k in ks)) for s in range(1, max(ks) + 1))
+        return total
+
     def for_request(self) -> "AdaptiveK":
         """A policy for one more concurrent request: the same measured costs, the batch's included
         (shared, not copied), its own acceptance evidence."""
@@ -260,14 +297,17 @@ class AdaptiveK:
     def _best_k(self, drafter: str, alpha: float, lag: int, load: BatchLoad) -> int:
         if load == ALONE:
             return self.cost_model(drafter, lag).optimal_k(alpha, self.k_max)
-        t_step = self.t_step.get(drafter, self._t(1) / self.prior_c)
         t_setup = lag * self.t_catchup.get(drafter, 0.0)
+        others = self._shared_draft_seconds(load.lockstep)
 
         def rate(k: int) -> float:
+            """The whole round's expected tokens per second: the pass, and the draft loop of every
+            row drafting in lockstep, this row's K included (a drafter outside the lockstep, prompt
+            lookup, pays its own steps: T_d(1) each, as no other row shares them)."""
             if k == 0:
-                return (load.expected + 1) / self._t_shared(load.tokens + 1)
-            return (load.expected + expected_tokens(alpha, k)) / \
-                (self._t_shared(load.tokens + k + 1) + t_setup + k * t_step)
+                return (load.expected + 1) / (self._t_shared(load.tokens + 1) + others)
+            drafting = t_setup + self._shared_draft_seconds(load.lockstep + ((drafter, k),))
+            return (load.expected + expected_tokens(alpha, k)) / (self._t_shared(load.tokens + k + 1) + drafting)
         return max(range(self.k_max + 1), key=lambda k: (rate(k), -k))
 
     def expected_tokens(self, drafter: str, k: int, situation: Hashable = None) -> float:
@@ -276,9 +316,11 @@ class AdaptiveK:
     def tree_alternatives(self, drafter: str, k: int, gains: list[float], load: BatchLoad = ALONE) -> int:
         """The number m of alternatives (best first) that maximises the pass's expected tokens per
         second, as K is chosen: (E_others + E[N](alpha, k) + gains[:m]) / (T(tokens + k + 1 + m) + draft)."""
-        t_draft = k * self.t_step.get(drafter, self._t(1) / self.prior_c)
+        if load == ALONE:
+            t, t_draft = self._t, k * self.t_step.get(drafter, self._t(1) / self.prior_c)
+        else:
+            t, t_draft = self._t_shared, self._shared_draft_seconds(load.lockstep + ((drafter, k),))
         expected = load.expected + expected_tokens(self.alpha(drafter), k)
-        t = self._t if load == ALONE else self._t_shared
 
         def rate(m: int) -> float:
             return (expected + sum(gains[:m])) / (t(load.tokens + k + 1 + m) + t_draft)
@@ -317,11 +359,11 @@ class AdaptiveK:
 
     def observe_batch(self, tokens: int, seconds: float, rows: int) -> None:
         """Each row's report weighs 1/rows of one observation (`ema`), so a round counts once."""
-        if tokens not in self.t_batch:
-            self.t_batch[tokens] = seconds
-        else:
-            w = self.ema / max(1, rows)
-            self.t_batch[tokens] = (1 - w) * self.t_batch[tokens] + w * seconds
+        _observe_shared(self.t_batch, tokens, seconds, self.ema / max(1, rows))
+
+    def observe_draft_batch(self, drafter: str, rows: int, seconds: float, reporters: int) -> None:
+        """As `observe_batch`: each drafting row's report weighs 1/reporters of one observation."""
+        _observe_shared(self.t_draft_batch, (drafter, rows), seconds, self.ema / max(1, reporters))
 
     def wants_calibration(self) -> bool:
         return not self.t_verify or any(n not in self.t_verify for n in self.batch_sizes)
@@ -360,6 +402,11 @@ class AdaptiveK:
 
     def _state(self, drafter: str, situation: Hashable = None) -> _DrafterState:
         return self.drafters.setdefault(drafter if situation is None else (drafter, situation), _DrafterState())
+
+
+def _observe_shared(table: dict, key: Hashable, seconds: float, weight: float) -> None:
+    """A batch's measured cost: the first report sets it, later ones move it by `weight`."""
+    table[key] = seconds if key not in table else (1 - weight) * table[key] + weight * seconds
 
 
 def interleaved_medians(measures: dict[Hashable, Callable[[], float | None]], sweeps: int) -> dict[Hashable, float]:

@@ -13,6 +13,7 @@ prompts, seeds and K) match the exact joint (chi-square; false-failure probabili
 1e-3 per case at fixed seeds); a rule that accepts every draft must fail it.
 """
 
+import dataclasses
 import functools
 import itertools
 
@@ -174,6 +175,42 @@ def test_a_shared_round_reports_its_cost_once_per_row_without_prompt_pieces(deco
     other = decoder.slots[3].target
     loop.prefill(other, [], decoder.encode(PROMPTS[3]), run=False)
     step(seqs, [protocol.Row(other, decoder.encode(PROMPTS[3]), 1)])
+    step(seqs[:1])
+    assert reports == []
+
+
+def test_lockstep_draft_steps_report_their_cost_by_rows(monkeypatch):
+    """Rows drafting with the draft model price each other's steps: a later row's load carries the
+    earlier rows' (drafter, K), and every lockstep step's pass is reported, by the rows still in it
+    (#{rows with K >= s} at step s), once per drafting row; a lone row reports nothing."""
+    target, draft = tiny_pair(seed=3, noise=0.05, dtype=torch.float32)
+    policy = AdaptiveK(k_max=4)
+    policy.load_costs({"t_verify": {str(n): 0.01 for n in range(1, 41)}, "t_step": {"model": 1e-3}})
+    decoder = SpeculativeDecoder(target, char_tokenizer(), [ModelDrafter(draft)], eos_ids=[0], policy=policy,
+                                 max_batch=3)
+    reports, loads = [], []
+    monkeypatch.setattr(AdaptiveK, "observe_draft_batch",
+                        lambda self, d, rows, t, reporters: reports.append((id(self), d, rows, t, reporters)))
+    real = AdaptiveK.choose
+    monkeypatch.setattr(AdaptiveK, "choose", lambda self, d, lag=0, load=ALONE, situation=None: loads.append(load)
+                        or real(self, d, lag, load, situation))
+    caps = [4, 2, 3]  # each row's k_max, so the rows leave the lockstep at different steps
+    seqs = [new_sequence(slot, decoder.encode(p), GenerationConfig(max_new_tokens=20, sampling=GREEDY),
+                         frozenset([0]), policy=dataclasses.replace(decoder.policy.for_request(), k_max=cap))
+            for slot, p, cap in zip(decoder.slots, PROMPTS[:3], caps)]
+    for seq in seqs:
+        start(seq)
+    loads.clear()
+    step(seqs)
+    ks = [seq.stats.rounds[-1].drafted for seq in seqs]
+    assert ks == caps  # every row drafted to its cap: a flat curve and near-free draft steps
+    assert [load.lockstep for load in loads] == [(), (("model", 4),), (("model", 4), ("model", 2))]
+    steps = [sum(k >= s for k in ks) for s in range(1, max(ks) + 1)]
+    assert steps == [3, 3, 2, 1]
+    for seq in seqs:
+        mine = [r for r in reports if r[0] == id(seq.policy)]
+        assert [r[2] for r in mine] == steps and all(r[1] == "model" and r[3] > 0 and r[4] == 3 for r in mine)
+    reports.clear()
     step(seqs[:1])
     assert reports == []
 

@@ -299,6 +299,49 @@ def test_a_rounds_reports_weigh_as_one_observation():
     assert "t_batch" not in policy.costs()  # this process's batch, not the machine's calibration
 
 
+def _lockstep_policy(draft_steps: dict[int, float]) -> AdaptiveK:
+    """A flat target curve (a GPU's: 40 tokens cost what one does), a draft model step of 20 ms
+    alone (c = 2.5), alpha ~0.6, and lockstep draft steps of `draft_steps` by rows, as measured."""
+    policy = AdaptiveK(k_max=8)
+    policy.load_costs({"t_verify": {str(n): 0.05 for n in range(1, 41)}, "t_step": {"model": 0.02}})
+    policy.drafters["model"] = _DrafterState(accepted=60, tested=100)
+    policy.t_draft_batch.update({("model", rows): t for rows, t in draft_steps.items()})
+    return policy
+
+
+def test_a_lockstep_draft_step_is_charged_what_it_adds_to_the_batch():
+    """Three rows already draft K = 4 with the draft model; their 4 lockstep steps are paid whatever
+    this row does. Where a step of 4 rows costs what one does, this row's first 4 steps are free
+    and it drafts 4 (alone, alpha 0.6 at c = 2.5 pays only K = 1). Where each row adds a whole
+    step (a step of b rows costs b steps), it is charged K steps as if alone, and drafts 1."""
+    others = (("model", 4),) * 3
+    load = BatchLoad(15, 3 * 2.0, others)
+    flat, steep = _lockstep_policy({b: 0.02 for b in range(1, 5)}), _lockstep_policy({b: 0.02 * b for b in range(1, 5)})
+    assert flat.choose("model", 0, ALONE) == steep.choose("model", 0, ALONE) == 1
+    assert flat.choose("model", 0, load) == 4
+    assert steep.choose("model", 0, load) == 1
+    # the round's draft loop: T_d(rows still drafting) summed over the steps, per drafter
+    assert steep._shared_draft_seconds(others + (("model", 6),)) == pytest.approx(4 * 0.08 + 2 * 0.02)
+    lookup_step = steep._t_draft_step("lookup", 1)  # outside the lockstep: its own steps
+    assert steep._shared_draft_seconds(others + (("lookup", 2),)) == pytest.approx(4 * 0.06 + 2 * lookup_step)
+    # not measured yet: the draft's step scaled by the target's calibrated curve (flat here: free)
+    unmeasured = _lockstep_policy({})
+    assert unmeasured._t_draft_step("model", 3) == pytest.approx(0.02) and unmeasured.choose("model", 0, load) == 4
+    unmeasured.load_costs({"t_verify": {"1": 0.05, "2": 0.08, "4": 0.14}, "t_step": {"model": 0.02}})
+    assert unmeasured._t_draft_step("model", 2) == pytest.approx(0.02 * 0.08 / 0.05)
+    assert unmeasured._t_draft_step("model", 0) == 0.0
+
+
+def test_lockstep_draft_costs_are_the_batchs_shared_by_every_request():
+    policy = AdaptiveK(ema=0.2)
+    request = policy.for_request()
+    request.observe_draft_batch("model", 2, 0.03, reporters=2)  # the first report sets the cost
+    request.observe_draft_batch("model", 2, 0.05, reporters=2)
+    assert policy.t_draft_batch == {("model", 2): pytest.approx(0.03 + 0.1 * 0.02)}  # half an observation
+    assert request.t_draft_batch is policy.t_draft_batch and "t_draft_batch" not in policy.costs()
+    FixedK(2).observe_draft_batch("model", 2, 0.03, reporters=1)  # a pinned K learns nothing
+
+
 def test_batch_sizes_are_calibrated_when_missing():
     policy = AdaptiveK(k_max=2, batch_sizes=(8, 16), sweeps=1)
     policy.load_costs({"t_verify": {"1": 0.05, "2": 0.06, "3": 0.07}, "t_step": {}})
