@@ -238,7 +238,8 @@ class LlamaContext:
                 group = []
             if piece is not None:
                 group.append(piece)
-        return [torch.from_numpy(np.stack(r)) for r in out]
+        # one position (a plain step's row): its copy as a [1, V] view, not a second V-sized copy
+        return [torch.from_numpy(r[0][None] if len(r) == 1 else np.stack(r)) for r in out]
 
     def _decode(self, rows, group, out: list[list[np.ndarray]]) -> None:
         b, i = self._batch, 0
