@@ -33,17 +33,19 @@ expected tokens per second, (E_others + E[N](alpha, K)) / (T_batch(tokens_others
 the round's drafting. A draft model's steps run in lockstep (its s-th step is one pass over
 every row still drafting), so D = sum over s of T_d(rows drafting at step s), with T_d a
 lockstep step's cost by its rows: a row's K is charged what its steps add to the batch's,
-nearly nothing where the draft's curve is flat (a GPU), most of a step on this CPU (the
-0.5B draft on llama.cpp: 24 ms a step alone, 66 ms for 4 rows). Prompts' pieces in the
+nearly nothing where the draft's curve is flat (a GPU); on this CPU a whole step for a
+second row, 3 ms for a fourth (the 0.5B draft on llama.cpp: 20/39/47/50 ms for 1-4 rows). Prompts' pieces in the
 same pass are left out (engine/loop.py's `speculative_rounds`). So K falls to 0 when the
 batch already fills the machine, and rises where the curve is flat (a pass of 16 tokens
 costing little more than one of 8).
 T_batch is measured in the batch itself, on the rounds it runs (`observe_batch`: the
-pass and every row's work on its logits; T_d likewise, `observe_draft_batch`, else the
-draft's calibrated step scaled by the target's calibrated curve), and taken from the
-calibrated curve at sizes not yet run: a calibrated round is one sequence with one row's verification, which
-prices a batch's rounds wrongly by more than the gains at stake (llama.cpp here: 4 rows
-of one token measured 105-110 ms in the batch against a calibrated 134 ms for 4 tokens,
+pass and every row's work on its logits; T_d likewise, `observe_draft_batch`), kept as a
+level shared by every size times a shape per size (`BatchCosts`, so a size not run for a
+while still follows the machine's drift), and taken from the calibrated curve at sizes not
+yet run (T_d: the draft's calibrated step scaled by the target's calibrated curve). A
+calibrated round is one sequence with one row's verification, which prices a batch's
+rounds wrongly by more than the gains at stake (llama.cpp here: 4 rows of one token
+measured 105-110 ms in the batch against a calibrated 134 ms for 4 tokens,
 so drafts that lose looked 3% ahead). Timings measured online make K depend on timing
 noise, but only in shared rounds, where K already depends on the neighbours: the
 law, never the sample, is what a batch promises.
@@ -165,6 +167,35 @@ class FixedK:
 
 
 @dataclass
+class BatchCosts:
+    """A batch's costs as measured on its own rounds, by key (a shared round's decoding tokens, or
+    a lockstep draft step's (drafter, rows)), kept as level x shape: a report's surprise (seconds
+    over the key's estimate) moves the key's shape and the level shared by every key, half each.
+    A slow spell slows every size alike (why calibration interleaves its sizes), so a size not run
+    for a while follows the machine (by the square root of the others' change) instead of keeping
+    its last run's value: a drafting size last seen in a fast spell would make drafts look cheap
+    long after. The key's own estimate moves by surprise ** weight per report (a geometric EMA)."""
+
+    level: float = 1.0
+    shape: dict[Hashable, float] = field(default_factory=dict)
+
+    def get(self, key: Hashable) -> float | None:
+        return None if key not in self.shape else self.level * self.shape[key]
+
+    def observe(self, key: Hashable, seconds: float, weight: float) -> None:
+        """The first report of a key sets its cost; later ones move it by `weight` (in [0, 1])."""
+        if key not in self.shape:
+            self.shape[key] = seconds / self.level
+            return
+        step = (seconds / (self.level * self.shape[key])) ** (weight / 2)
+        self.level *= step
+        self.shape[key] *= step
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self.shape
+
+
+@dataclass
 class _DrafterState:
     accepted: float = 0.0
     tested: float = 0.0
@@ -207,9 +238,9 @@ class AdaptiveK:
     t_catchup: dict[str, float] = field(default_factory=dict)  # per token a drafter must catch up on
     # a shared round's cost by its tokens, measured in the batch (`observe_batch`); not stored in the
     # calibration file: it is this process's batch, and shared by every request's policy (`for_request`)
-    t_batch: dict[int, float] = field(default_factory=dict)
+    t_batch: BatchCosts = field(default_factory=BatchCosts)
     # ... and a lockstep draft step's cost by (drafter, sequences in it), measured there too
-    t_draft_batch: dict[tuple[str, int], float] = field(default_factory=dict)
+    t_draft_batch: BatchCosts = field(default_factory=BatchCosts)
     # acceptance evidence by drafter, or by (drafter, situation) for a drafter that reports one
     drafters: dict[Hashable, _DrafterState] = field(default_factory=dict)
 
@@ -359,11 +390,11 @@ class AdaptiveK:
 
     def observe_batch(self, tokens: int, seconds: float, rows: int) -> None:
         """Each row's report weighs 1/rows of one observation (`ema`), so a round counts once."""
-        _observe_shared(self.t_batch, tokens, seconds, self.ema / max(1, rows))
+        self.t_batch.observe(tokens, seconds, self.ema / max(1, rows))
 
     def observe_draft_batch(self, drafter: str, rows: int, seconds: float, reporters: int) -> None:
         """As `observe_batch`: each drafting row's report weighs 1/reporters of one observation."""
-        _observe_shared(self.t_draft_batch, (drafter, rows), seconds, self.ema / max(1, reporters))
+        self.t_draft_batch.observe((drafter, rows), seconds, self.ema / max(1, reporters))
 
     def wants_calibration(self) -> bool:
         return not self.t_verify or any(n not in self.t_verify for n in self.batch_sizes)
@@ -402,11 +433,6 @@ class AdaptiveK:
 
     def _state(self, drafter: str, situation: Hashable = None) -> _DrafterState:
         return self.drafters.setdefault(drafter if situation is None else (drafter, situation), _DrafterState())
-
-
-def _observe_shared(table: dict, key: Hashable, seconds: float, weight: float) -> None:
-    """A batch's measured cost: the first report sets it, later ones move it by `weight`."""
-    table[key] = seconds if key not in table else (1 - weight) * table[key] + weight * seconds
 
 
 def interleaved_medians(measures: dict[Hashable, Callable[[], float | None]], sweeps: int) -> dict[Hashable, float]:

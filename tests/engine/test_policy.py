@@ -281,7 +281,7 @@ def test_a_batch_prices_drafts_on_the_rounds_it_has_run():
     alone = policy.choose("lookup", 0, ALONE)
     for _ in range(4):  # a round of four rows, each reporting it
         request.observe_batch(4, 0.105, rows=4)
-    assert policy.t_batch == {4: 0.105} and request.t_batch is policy.t_batch
+    assert policy.t_batch.get(4) == pytest.approx(0.105) and request.t_batch is policy.t_batch
     assert request.choose("lookup", 0, load) == 0
     assert request.choose("lookup", 0, ALONE) == alone  # a lone row: the calibrated curve, unchanged
     # a size seen at last is priced as seen: 12 tokens at 150 ms make K = 8 pay again
@@ -294,9 +294,29 @@ def test_a_rounds_reports_weigh_as_one_observation():
     policy.observe_batch(4, 0.1, rows=4)  # the first report sets the size's cost
     for _ in range(4):  # one round of four rows
         policy.observe_batch(4, 0.2, rows=4)
-    assert policy.t_batch[4] == pytest.approx(0.1 + (0.2 - 0.1) * (1 - (1 - 0.05) ** 4))
-    assert 0.1 + 0.2 * 0.1 * 0.9 < policy.t_batch[4] < 0.1 + 0.2 * 0.1  # about one observation at ema 0.2
+    # a geometric EMA: each report takes the estimate 5% of the way to 0.2 in log terms
+    assert policy.t_batch.get(4) == pytest.approx(0.2 * 0.5 ** (0.95 ** 4))
+    assert policy.t_batch.get(4) == pytest.approx(0.2 * 0.5 ** 0.8, rel=0.02)  # about one observation at ema 0.2
     assert "t_batch" not in policy.costs()  # this process's batch, not the machine's calibration
+
+
+def test_a_size_not_run_for_a_while_follows_the_machine():
+    """A slow spell (every 4-token round 20% slower) moves the 12-token size too, by the square root
+    of the change, where a table of last values would keep the fast spell's 0.3 s (the control)."""
+    policy = AdaptiveK(ema=0.2)
+    policy.observe_batch(4, 0.1, rows=1)
+    policy.observe_batch(12, 0.3, rows=1)
+    for _ in range(200):
+        policy.observe_batch(4, 0.12, rows=1)
+    assert policy.t_batch.get(4) == pytest.approx(0.12, rel=1e-6)
+    assert policy.t_batch.get(12) == pytest.approx(0.3 * 1.2 ** 0.5, rel=1e-6)
+    last_values = {4: 0.12, 12: 0.3}  # the control: a size keeps its last run's value
+    assert abs(last_values[12] - policy.t_batch.get(12)) > 0.025
+    policy.observe_batch(12, 0.36, rows=1)  # its own reports still take it the whole way
+    for _ in range(200):
+        policy.observe_batch(12, 0.36, rows=1)
+    assert policy.t_batch.get(12) == pytest.approx(0.36, rel=1e-3)
+    assert policy.t_batch.get(4) > 0.12  # ... and the others follow half-way until they run again
 
 
 def _lockstep_policy(draft_steps: dict[int, float]) -> AdaptiveK:
@@ -305,7 +325,8 @@ def _lockstep_policy(draft_steps: dict[int, float]) -> AdaptiveK:
     policy = AdaptiveK(k_max=8)
     policy.load_costs({"t_verify": {str(n): 0.05 for n in range(1, 41)}, "t_step": {"model": 0.02}})
     policy.drafters["model"] = _DrafterState(accepted=60, tested=100)
-    policy.t_draft_batch.update({("model", rows): t for rows, t in draft_steps.items()})
+    for rows, t in draft_steps.items():
+        policy.observe_draft_batch("model", rows, t, reporters=1)  # a size's first report sets it
     return policy
 
 
@@ -337,7 +358,7 @@ def test_lockstep_draft_costs_are_the_batchs_shared_by_every_request():
     request = policy.for_request()
     request.observe_draft_batch("model", 2, 0.03, reporters=2)  # the first report sets the cost
     request.observe_draft_batch("model", 2, 0.05, reporters=2)
-    assert policy.t_draft_batch == {("model", 2): pytest.approx(0.03 + 0.1 * 0.02)}  # half an observation
+    assert policy.t_draft_batch.get(("model", 2)) == pytest.approx(0.03 * (0.05 / 0.03) ** 0.1)  # half an observation
     assert request.t_draft_batch is policy.t_draft_batch and "t_draft_batch" not in policy.costs()
     FixedK(2).observe_draft_batch("model", 2, 0.03, reporters=1)  # a pinned K learns nothing
 
