@@ -40,6 +40,10 @@ DISCONNECT_POLL_S = 0.05  # how often a non-streaming handler checks that its cl
 ENDPOINTS = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"}
 # pydantic appends the union branch it tried to an error's location ("prompt", "str"): not a field
 _UNION_TAG = re.compile(r"^(str|int|float|bool|list|dict|none|function-\w+)(\[.*\])?$")
+# errors about the request body as a whole: absent, not JSON, or JSON but not an object
+_BODY_ERRORS = {"missing", "model_attributes_type", "model_type", "dict_type"}
+_JSON_KINDS = {type(None): "null", list: "an array", str: "a string", int: "a number", float: "a number",
+               bool: "a boolean"}
 _KINDS = {400: "invalid_request_error", 404: "not_found_error", 413: "invalid_request_error",
           429: "server_busy", 503: "service_unavailable"}
 
@@ -89,6 +93,8 @@ def create_app(decoder: SpeculativeDecoder, model_id: str, max_queue: int = 16,
         message = str(cause) if isinstance(cause, ValueError) else err.get("msg", "invalid request")
         if isinstance(cause, FieldError):
             param = cause.param
+        elif not loc and err.get("type") in _BODY_ERRORS:  # the body as a whole: pydantic's words name no cause
+            message = _body_error(err, request.headers.get("content-type"))
         elif err.get("type") == "json_invalid":
             message, param = "the request body is not valid JSON", None
         elif err.get("type") == "extra_forbidden":
@@ -219,6 +225,20 @@ async def _watch(request: Request, job: Job) -> None:
         await asyncio.sleep(DISCONNECT_POLL_S)
     job.cancelled.set()
     job.events.put_nowait(("gone", None))
+
+
+def _body_error(err: dict, content_type: str | None) -> str:
+    body = err.get("input")
+    if err.get("type") == "missing":
+        return "the request body is empty: send a JSON object"
+    if isinstance(body, bytes):
+        # FastAPI parses a body as JSON only under a JSON Content-Type. We keep that rule rather than
+        # parse any body: a browser page may POST text/plain or form bodies cross-site without a CORS
+        # preflight, application/json it may not, so this stops other sites driving a local server.
+        got = f"it was sent as {content_type!r}" if content_type else "it was sent without one"
+        return f"the request body must be a JSON object sent with Content-Type: application/json ({got})"
+    kind = _JSON_KINDS.get(type(body), type(body).__name__)
+    return f"the request body must be a JSON object, got {kind}"
 
 
 def _encode(decoder: SpeculativeDecoder, prompt, chat: bool) -> list[int]:

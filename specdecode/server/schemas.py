@@ -14,7 +14,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-INT64 = 2 ** 63
+# torch.Generator's mt19937 keeps only a seed's low 63 bits, so s and s + 2^63 would give the same
+# samples under different reported seeds: the API takes exactly the seeds that sample differently
+SEED_LIMIT = 2 ** 63
 
 
 class FieldError(ValueError):
@@ -39,7 +41,7 @@ Text = Annotated[str, AfterValidator(_encodable)]
 # Unsupported fields and the values at which they do nothing (so clients that send defaults still work).
 _NO_OP = {
     "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0), "logprobs": (None, False, 0),
-    "logit_bias": (None, {}), "user": None,  # user: metadata only, anything goes
+    "logit_bias": (None, {}),
     "echo": (None, False), "best_of": (None, 1), "suffix": (None, ""),
     "top_logprobs": (None, 0), "tools": (None, []), "tool_choice": (None, "none"),
     "response_format": (None, {"type": "text"}),
@@ -58,6 +60,19 @@ class SpecOptions(_Strict):
     verification: Literal["token", "block"] = "token"  # the exact rule (core.VERIFY_RULES); same output law
     reproducible: bool = False  # reproducible sampling (core/reproducible.py): same seed, same text, any K/batch
 
+    @model_validator(mode="after")
+    def _speculation_fields_need_speculation(self):
+        # without speculation there are no drafts, so K and the rule that verifies drafts would be
+        # silently ignored; reproducible stays allowed: plain decoding samples from its noise too
+        if not self.speculative:
+            if self.k is not None:
+                raise FieldError("specdecode.k", "k sets the drafts per round, which needs speculation: "
+                                                 "drop k or speculative: false")
+            if self.verification != "token":
+                raise FieldError("specdecode.verification", "verification applies to drafts, which need "
+                                                            "speculation: drop verification or speculative: false")
+        return self
+
 
 class StreamOptions(_Strict):
     include_usage: bool = False
@@ -71,7 +86,7 @@ class _Common(_Strict):
     top_k: int = Field(default=0, ge=0)  # 0 = off
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)  # 0 = off
     stop: Text | list[Text] | None = None
-    seed: int | None = Field(default=None, ge=-INT64, lt=INT64)  # int64, as OpenAI documents
+    seed: int | None = None  # 0 .. 2^63 - 1 (SEED_LIMIT); OpenAI documents int64
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -80,7 +95,7 @@ class _Common(_Strict):
     frequency_penalty: Any = None
     logprobs: Any = None
     logit_bias: Any = None
-    user: Any = None
+    user: str | None = None  # metadata only, unused; still typed, as OpenAI documents it
 
     @field_validator(*_NO_OP, mode="before", check_fields=False)
     @classmethod
@@ -88,6 +103,13 @@ class _Common(_Strict):
         allowed = _NO_OP[info.field_name]
         if allowed is not None and not any(type(v) is type(a) and v == a for a in allowed):
             raise ValueError(f"{info.field_name} is not supported (only {allowed[-1]!r} is accepted)")
+        return v
+
+    @field_validator("seed")
+    @classmethod
+    def _seed_range(cls, v: int | None) -> int | None:
+        if v is not None and not 0 <= v < SEED_LIMIT:
+            raise ValueError(f"must be an integer from 0 to 2^63 - 1 ({SEED_LIMIT - 1}), got {v}")
         return v
 
     @field_validator("n")
@@ -139,7 +161,14 @@ class CompletionRequest(_Common):
 class Message(_Strict):
     role: Literal["system", "user", "assistant"]
     content: Text
-    name: str | None = None  # accepted for compatibility; the chat template sees role and content only
+    name: Any = None  # OpenAI's participant name: rejected below, the chat template has no place for it
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _no_name(cls, v):
+        if v is not None:
+            raise ValueError("name is not supported (the chat template has no place for it): leave it out")
+        return v
 
 
 class ChatRequest(_Common):

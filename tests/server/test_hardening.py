@@ -192,6 +192,16 @@ BAD = [
     ("completions", {"model": "tiny", "prompt": "a", "frobnicate": 1}, "frobnicate"),
     ("completions", {"model": "tiny", "prompt": "a", "max_completion_tokens": 3}, "max_completion_tokens"),
     ("completions", {"model": "tiny", "prompt": "a", "stream_options": {"include_usage": True}}, "stream_options"),
+    ("completions", {"model": "tiny", "prompt": "a", "seed": -1}, "seed"),
+    ("completions", {"model": "tiny", "prompt": "a", "seed": -2 ** 63}, "seed"),
+    ("completions", {"model": "tiny", "prompt": "a", "user": 5}, "user"),
+    ("completions", {"model": "tiny", "prompt": "a", "user": True}, "user"),
+    ("chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "a"}], "user": {}}, "user"),
+    ("chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "a", "name": "bob"}]},
+     "messages.0.name"),
+    ("completions", {"model": "tiny", "prompt": "a", "specdecode": {"k": 3, "speculative": False}}, "specdecode.k"),
+    ("completions", {"model": "tiny", "prompt": "a", "specdecode": {"verification": "block", "speculative": False}},
+     "specdecode.verification"),
 ]
 
 
@@ -213,6 +223,42 @@ def test_no_op_values_of_unsupported_fields_are_accepted(server):
     r = post(server, "completions", {"model": "tiny", "prompt": "a", "max_tokens": 3, "echo": False, "best_of": 1,
                                      "logit_bias": {}, "presence_penalty": 0, "logprobs": None, "user": "u1"})
     assert r.status_code == 200, r.text
+    r = post(server, "chat/completions", {"model": "tiny", "max_tokens": 3, "user": None,
+                                          "messages": [{"role": "user", "content": "a", "name": None}]})
+    assert r.status_code == 200, r.text
+
+
+def test_non_string_user_and_message_name_are_rejected_with_the_fix(server):
+    err = assert_error(post(server, "completions", {"model": "tiny", "prompt": "a", "user": 5}), 400, "user")
+    assert "string" in err["message"]
+    err = assert_error(post(server, "chat/completions", {"model": "tiny", "messages": [
+        {"role": "system", "content": "s"}, {"role": "user", "content": "a", "name": "bob"}]}), 400, "messages.1.name")
+    assert "not supported" in err["message"] and "leave it out" in err["message"]
+
+
+def test_speculation_only_fields_without_speculation_are_a_400(server):
+    """k and verification act on drafts; with speculative: false they would be silently ignored."""
+    base = {"model": "tiny", "prompt": "a", "max_tokens": 3}
+    err = assert_error(post(server, "completions", {**base, "specdecode": {"k": 3, "speculative": False}}), 400,
+                       "specdecode.k")
+    assert "drop k or speculative: false" in err["message"]
+    err = assert_error(post(server, "completions", {**base, "specdecode": {"verification": "block",
+                                                                            "speculative": False}}),
+                       400, "specdecode.verification")
+    assert "speculative: false" in err["message"]
+    # their do-nothing values are fine
+    r = post(server, "completions", {**base, "specdecode": {"k": None, "verification": "token", "speculative": False}})
+    assert r.status_code == 200, r.text
+
+
+def test_reproducible_without_speculation_is_meaningful(server):
+    """reproducible is not a speculation-only field: plain decoding samples from its noise too, so with it
+    the plain text equals the speculative text for the same seed (which ordinary sampling does not promise)."""
+    body = {"model": "tiny", "prompt": "q", "max_tokens": 30, "temperature": 1.0, "seed": 11}
+    plain = post(server, "completions", {**body, "specdecode": {"reproducible": True, "speculative": False}}).json()
+    spec = post(server, "completions", {**body, "specdecode": {"reproducible": True, "k": 3}}).json()
+    assert plain["usage"]["specdecode"]["drafted"] == 0 and spec["usage"]["specdecode"]["drafted"] > 0
+    assert plain["choices"][0]["text"] == spec["choices"][0]["text"]
 
 
 # 7. top_k and min_p are honoured
@@ -237,6 +283,7 @@ def test_unseeded_sampling_is_random_and_reports_its_seed(server):
     a, b = (post(server, "completions", body).json() for _ in range(2))
     seed_a, seed_b = a["usage"]["specdecode"]["seed"], b["usage"]["specdecode"]["seed"]
     assert seed_a != seed_b and a["choices"][0]["text"] != b["choices"][0]["text"]
+    assert 0 <= seed_a < 2 ** 63 and 0 <= seed_b < 2 ** 63  # drawn from the range a request may send
     replay = post(server, "completions", {**body, "seed": seed_a}).json()
     assert replay["choices"][0]["text"] == a["choices"][0]["text"]
     assert replay["usage"]["specdecode"]["seed"] == seed_a
@@ -245,6 +292,18 @@ def test_unseeded_sampling_is_random_and_reports_its_seed(server):
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
     assert events[-1]["usage"]["specdecode"]["seed"] == seed_a
     assert "".join(e["choices"][0]["text"] for e in events) == a["choices"][0]["text"]
+
+
+def test_seeds_are_0_to_2_63_minus_1(server):
+    """torch's generator keeps a seed's low 63 bits: -1 and 2^63 - 1 would sample alike while reported
+    differently, so only 0 .. 2^63 - 1 is accepted, and the 400 names the range."""
+    body = {"model": "tiny", "prompt": "q", "max_tokens": 5, "temperature": 1.0}
+    for seed in (0, 2 ** 63 - 1):
+        r = post(server, "completions", {**body, "seed": seed})
+        assert r.status_code == 200 and r.json()["usage"]["specdecode"]["seed"] == seed, r.text
+    for seed in (-1, 2 ** 63):
+        err = assert_error(post(server, "completions", {**body, "seed": seed}), 400, "seed")
+        assert "0 to 2^63 - 1" in err["message"], err
 
 
 # 5. queue slots
@@ -296,6 +355,25 @@ def test_framework_errors_are_openai_shaped_and_counted(server):
     assert_error(post(server, "completions", b'{"model": "tiny", "prompt": "\xff"}'), 400)
     assert_error(post(server, "completions", "[" * 100_000), 400)
     assert server.metric("specdecode_requests_total") == before + 4
+
+
+@pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "text/plain", None])
+def test_json_without_a_json_content_type_is_a_400_saying_so(server, content_type):
+    """curl -d sends application/x-www-form-urlencoded. We do not parse such bodies as JSON (a browser page
+    could then POST them cross-site without a CORS preflight), but the 400 says what to change."""
+    headers = {"content-type": content_type} if content_type else {}
+    r = httpx.post(server.url + "/v1/completions", content=json.dumps({"model": "tiny", "prompt": "a"}),
+                   headers=headers, timeout=60)
+    err = assert_error(r, 400)
+    assert "Content-Type: application/json" in err["message"], err
+
+
+@pytest.mark.parametrize("body, says", [("", "the request body is empty"),
+                                        ("[1]", "must be a JSON object, got an array"),
+                                        ("null", "must be a JSON object, got null")])
+def test_empty_or_non_object_body_is_a_400_saying_so(server, body, says):
+    err = assert_error(post(server, "chat/completions", body), 400)
+    assert says in err["message"], err
 
 
 @pytest.mark.parametrize("kind", ["completion", "chat"])
