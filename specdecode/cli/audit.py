@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from specdecode.cli.generate import add_model_args, load_decoder, positive_int
+from specdecode.cli.generate import add_model_args, load_decoder, positive_int, seed_int
 from specdecode.cli.output import console, emit_json, table
 from specdecode.core import VERIFY_RULES
 
@@ -21,7 +21,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     p.add_argument("--prompt", action="append", default=None, help="audit prompt (repeatable; default: two)")
     p.add_argument("--chat", action="store_true", help="apply the chat template to the prompts")
-    p.add_argument("--k", type=int, default=None, help="fixed K (default: adaptive)")
+    p.add_argument("--k", type=positive_int, default=None, help="fixed K >= 1 (default: adaptive)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature > 0 (default 1)")
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -33,7 +33,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="the broken rule used as negative control")
     p.add_argument("--verify", choices=list(VERIFY_RULES), default="token",
                    help="the verification rule to audit: token (default) or block")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_int, default=0, help="sampling seed, 0 to 2**63 - 1 (default 0)")
     p.add_argument("--quick", action="store_true", help="one prompt, 200 samples, 32 greedy tokens")
     p.add_argument("--batched", action="store_true",
                    help="run the law checks batched: every pass of the audited sequence also carries two "

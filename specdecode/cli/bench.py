@@ -44,6 +44,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_bench)
 
 
+def writable_directory(path: str) -> Path:
+    """`path` as a directory we can write to, created if needed; OSError (exit 1, one line) otherwise."""
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)  # FileExistsError for a file, PermissionError, ...
+    probe = out / ".specdecode-write-test"
+    probe.write_text("")  # a read-only directory fails here, as results.json would after the run
+    probe.unlink()
+    return out
+
+
 def select_methods(methods: list, prefixes: list[str] | None) -> list:
     """The methods named by `prefixes` (case-insensitive name prefixes), plus the baseline."""
     from specdecode.bench.methods import BASELINE
@@ -67,6 +77,7 @@ def run_bench(args: argparse.Namespace) -> int:
     from specdecode.bench.workers import MethodWorker
     from specdecode.engine.decoder import SpeculativeDecoder
 
+    out = writable_directory(args.out)  # before the models load and hours of measuring, not after
     quick = args.quick
     k_sweep = args.k_sweep or ([2, 4] if quick else list(range(1, 9)))
     if any(k < 1 for k in k_sweep):
@@ -116,8 +127,6 @@ def run_bench(args: argparse.Namespace) -> int:
             w.close()
     summary = summarise(bench, ours["cost_curve"])
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     meta = {"command": "specdecode " + shlex.join(args.argv),
             "machine": f"{platform.machine()} {platform.system()}, {os.cpu_count()} cores, device {device}, "
                        f"backend {backend}, threads {args.threads or 'default'}",

@@ -24,6 +24,25 @@ def positive_int(text: str) -> int:
     return _int_in(text, 1, None, "an integer >= 1")
 
 
+SEED_LIMIT = 2 ** 63  # torch's generator keeps 63 bits of a seed: s and s + 2**63 would draw alike
+
+
+def seed_int(text: str) -> int:
+    """argparse type: a sampling seed, 0 to 2**63 - 1."""
+    return _int_in(text, 0, SEED_LIMIT - 1, "an integer from 0 to 2**63 - 1")
+
+
+def fraction_below_one(text: str) -> float:
+    """argparse type: a number in [0, 1) (`--draft-confidence`)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not 0.0 <= value < 1.0:  # NaN fails both comparisons
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1), got {text!r}")
+    return value
+
+
 def port_number(text: str) -> int:
     """argparse type: a TCP port, 1-65535 (`serve --port`)."""
     return _int_in(text, 1, 65535, "a port number from 1 to 65535")
@@ -47,8 +66,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="auto", choices=["auto", "llama.cpp", "transformers"],
                    help="auto (default): llama.cpp for GGUF files (the embedded pair) on CPU, transformers for "
                         "model directories and on CUDA")
-    p.add_argument("--threads", type=int, default=0, help="llama.cpp threads (default 0 = the machine's cores)")
-    p.add_argument("--n-ctx", type=int, default=0,
+    p.add_argument("--threads", type=non_negative_int, default=0,
+                   help="llama.cpp threads (default 0 = the machine's cores)")
+    p.add_argument("--n-ctx", type=non_negative_int, default=0,
                    help="llama.cpp context size in tokens (default 0 = the model's, at most 32768)")
     p.add_argument("--recalibrate", action="store_true",
                    help="measure adaptive K's costs anew (they are cached per machine, model and backend)")
@@ -64,7 +84,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="int8 weights for the draft (default: on for CPU; exactness is unaffected)")
     p.add_argument("--draft-vocab", type=non_negative_int, default=None,
                    help="restrict the draft's output head to the N most frequent tokens (0 = full)")
-    p.add_argument("--draft-confidence", type=float, default=0.0,
+    p.add_argument("--draft-confidence", type=fraction_below_one, default=0.0,
                    help="end a draft early when the draft's top probability is below this (default 0 = off)")
     p.add_argument("--tree", type=non_negative_int, default=0,
                    help="draft trees: up to N extra candidates per round where the draft is unsure (with "
@@ -80,7 +100,7 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (default 1 = off)")
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0 = off)")
     p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p * max prob (default 0)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--seed", type=seed_int, default=0, help="sampling seed, 0 to 2**63 - 1 (default 0)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--verify", choices=list(VERIFY_RULES), default="token",
@@ -132,6 +152,14 @@ def load_decoder(args: argparse.Namespace, speculative: bool = True):
 def run_generate(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     speculative = not args.no_spec
+    if not speculative:  # options that only speculation reads: refuse them rather than ignore them
+        unused = [flag for flag, given in (("--compare", args.compare), ("--k", args.k is not None),
+                                           ("--show-drafts", args.show_drafts), ("--tree", args.tree > 0),
+                                           ("--verify block", args.verify != "token"))
+                  if given]
+        if unused:
+            raise ValueError(f"{unused[0]} has no effect with --no-spec (plain decoding drafts nothing): "
+                             f"drop one of the two")
     decoder = load_decoder(args, speculative=speculative or args.compare)
     stats = GenerationStats()
     t0 = time.perf_counter()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import socket
 
 from specdecode.cli.generate import add_model_args, load_decoder, non_negative_int, port_number, positive_int
 from specdecode.cli.output import err_console
@@ -13,13 +14,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve an OpenAI-compatible HTTP API",
                        description="POST /v1/completions and /v1/chat/completions (streaming with stream=true), "
                                    "GET /v1/models, /health and /metrics (Prometheus). A request may carry "
-                                   '"specdecode": {"k": N, "speculative": false} to change K or disable '
-                                   "speculation for itself.")
+                                   '"specdecode": {"k": N, "speculative": false, "verification": "token"|"block", '
+                                   '"reproducible": true} to pin K, disable speculation, choose the exact '
+                                   "verification rule or ask for reproducible sampling, for itself.")
     add_model_args(p)
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=port_number, default=8000, help="port (default 8000)")
     p.add_argument("--queue-size", type=positive_int, default=16, help="requests allowed to wait (then 429)")
-    p.add_argument("--max-batch", type=int, default=0,
+    p.add_argument("--max-batch", type=non_negative_int, default=0,
                    help="requests decoded at once, continuous batching: one target pass per round for all "
                         "(default 0 = auto: 4 on llama.cpp, 1 on transformers; on llama.cpp each sequence's "
                         "context is then --n-ctx, or 32768 tokens shared out)")
@@ -35,7 +37,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model-id", default=None, help="the model name clients send (default: the target's)")
     p.add_argument("--max-body-bytes", type=positive_int, default=4 * 2 ** 20,
                    help="largest request body accepted (then 413; default 4 MiB)")
-    p.add_argument("--drain-seconds", type=float, default=10,
+    p.add_argument("--drain-seconds", type=_seconds, default=10,
                    help="on SIGTERM/SIGINT, how long queued and running requests may finish before they end "
                         "with a 503 (default 10; a second signal ends them at once)")
     p.add_argument("--keep-alive-seconds", type=positive_int, default=5,
@@ -44,18 +46,44 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_serve)
 
 
+def _seconds(text: str) -> float:
+    """argparse type: a finite number of seconds >= 0 (`--drain-seconds`)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not 0.0 <= value < float("inf"):  # NaN fails too
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text!r}")
+    return value
+
+
+def check_can_listen(host: str, port: int) -> None:
+    """Bind the address once before the models load (seconds to minutes), so a port in use or a host
+    that does not resolve is one line at once, not a traceback after loading."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        raise ValueError(f"--host {host}: cannot resolve it ({exc.strerror}); give an address such as 127.0.0.1") \
+            from None
+    try:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            probe.bind(address)
+    except OSError as exc:
+        raise ValueError(f"cannot listen on {host} port {port}: {exc.strerror}; choose another --port or --host") \
+            from None
+
+
 def run_serve(args: argparse.Namespace) -> int:
     from specdecode.server.app import create_app
     from specdecode.server.process import serve
 
-    if args.max_batch < 0:
-        raise ValueError(f"--max-batch must be >= 1 (0 = auto), got {args.max_batch}")
-    if args.max_body_bytes < 1 or args.drain_seconds < 0 or args.keep_alive_seconds < 1:
-        raise ValueError("--max-body-bytes and --keep-alive-seconds must be >= 1, --drain-seconds >= 0")
+    check_can_listen(args.host, args.port)
     decoder = load_decoder(args)
     model_id = args.model_id or decoder.target.name.split(":")[-1]
     app = create_app(decoder, model_id, max_queue=args.queue_size, max_body_bytes=args.max_body_bytes,
                      prompt_cache_bytes=args.prompt_cache_mb * 2 ** 20, prefill_tokens=args.prefill_chunk)
-    err_console.print(f"serving {model_id!r} on http://{args.host}:{args.port}/v1")
+    host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 address in a URL
+    err_console.print(f"serving {model_id!r} on http://{host}:{args.port}/v1")
     serve(app, args.host, args.port, drain_seconds=args.drain_seconds, keep_alive_seconds=args.keep_alive_seconds)
     return 0

@@ -7,6 +7,7 @@ import argparse
 import numpy as np
 import torch
 
+from specdecode.cli.generate import seed_int
 from specdecode.cli.output import console, emit_json, table
 from specdecode.core.classic import (UniformSource, expected_calls_basic, expected_calls_recycling, rand7_basic,
                                      rand7_recycling)
@@ -18,9 +19,9 @@ from specdecode.stats import chi_square
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("theory", help="E[N] / speedup table, optimal K and break-even alpha",
                        description="Tabulate E[N] = (1-alpha^(K+1))/(1-alpha) and speedup E[N] c/(c+K).")
-    p.add_argument("--alpha", type=float, nargs="+", default=[0.5, 0.6, 0.7, 0.8, 0.9],
-                   help="acceptance rate(s) in [0, 1] (default: 0.5 .. 0.9)")
-    p.add_argument("--c", type=float, default=10.0, help="c = T_target / T_draft (default 10)")
+    p.add_argument("--alpha", type=float, nargs="+", default=None,
+                   help="acceptance rate(s) in [0, 1] (default: 0.5 .. 0.9; not with --p/--q, which give alpha)")
+    p.add_argument("--c", type=_positive_finite, default=10.0, help="c = T_target / T_draft (default 10)")
     p.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6, 7, 8], help="draft lengths K")
     p.add_argument("--p", type=_floats, help="target distribution, e.g. 0.7,0.3 (with --q: alpha from the pair)")
     p.add_argument("--q", type=_floats, help="draft distribution, e.g. 0.4,0.6")
@@ -33,14 +34,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--k", type=int, default=4, help="draft length K (default 4)")
     s.add_argument("--rounds", type=int, default=10_000, help="number of rounds (default 10000)")
     s.add_argument("--closeness", type=float, default=0.8, help="0 = independent q, 1 = q equals p")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=seed_int, default=0)
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=run_simulate)
 
     r = sub.add_parser("rand7", help="rand7 from rand5 by rejection sampling, with measured call counts",
                        description="The classic analogy: rejection sampling with and without recycling.")
     r.add_argument("--n", type=int, default=100_000, help="number of rand7 draws (default 100000)")
-    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--seed", type=seed_int, default=0)
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=run_rand7)
 
@@ -52,11 +53,27 @@ def _floats(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
 
+DEFAULT_ALPHAS = (0.5, 0.6, 0.7, 0.8, 0.9)
+
+
+def _positive_finite(text: str) -> float:
+    """argparse type: a finite number > 0 (`--c`)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not 0.0 < value < float("inf"):  # NaN fails too
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
 def run_theory(args: argparse.Namespace) -> int:
-    alphas = list(args.alpha)
+    alphas = list(args.alpha or DEFAULT_ALPHAS)
     pair_alpha = None
     if (args.p is None) != (args.q is None):
         raise ValueError("--p and --q go together: give both distributions to compute alpha")
+    if args.p is not None and args.alpha is not None:
+        raise ValueError("--alpha and --p/--q both set alpha: give one or the other")
     if args.p is not None:
         p = torch.tensor(args.p, dtype=torch.float64)
         q = torch.tensor(args.q, dtype=torch.float64)

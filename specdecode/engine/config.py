@@ -38,8 +38,9 @@ class GenerationConfig:
         if self.k is not None and (isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1):
             raise ValueError(f"k must be an integer >= 1 (for plain decoding use --no-spec / "
                              f"speculative=False), got {self.k!r}")
-        if not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        # torch's generator keeps 63 bits of a seed, so s and s + 2**63 would draw alike: one range, no aliases
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 63:
+            raise ValueError(f"seed must be an integer from 0 to 2**63 - 1, got {self.seed!r}")
         if self.verification not in VERIFY_RULES:
             raise ValueError(f"verification must be one of {', '.join(VERIFY_RULES)}, got {self.verification!r}")
         if not isinstance(self.reproducible, bool):

@@ -142,6 +142,12 @@ class SpeculativeDecoder:
         max_batch = max_batch or (DEFAULT_MAX_BATCH if backend == "llama.cpp" else 1)
         if isinstance(tree, bool) or not isinstance(tree, int) or not 0 <= tree <= MAX_TREE:
             raise ValueError(f"tree must be an integer in 0..{MAX_TREE} (extra draft-tree nodes per round), got {tree!r}")
+        if draft is not None and drafter not in ("auto", "model"):
+            raise ValueError(f"--draft is a draft model, which --drafter {drafter} does not use (it loads none): "
+                             f"drop --draft, or use --drafter auto or model")
+        if draft_confidence and drafter not in ("auto", "model"):
+            raise ValueError(f"--draft-confidence ends a draft model's drafts, which --drafter {drafter} does not "
+                             f"use: drop it, or use --drafter auto or model")
         if tree and drafter not in ("auto", "model", "suffix"):
             raise ValueError(f"--tree needs a drafter with alternatives to offer: --drafter model, auto or suffix "
                              f"(prompt lookup copies one continuation), not {drafter}")

@@ -101,6 +101,19 @@ def test_bad_device_is_one_line(capsys, model_dirs, device, message):
     (["bench", "--k-sweep", "2", "0"], "argument --k-sweep: must be an integer >= 1"),
     (["audit", "--samples", "0"], "argument --samples: must be an integer >= 1"),
     (["audit", "--greedy-tokens", "-3"], "argument --greedy-tokens: must be an integer >= 1"),
+    (["audit", "--k", "0"], "argument --k: must be an integer >= 1, got '0'"),
+    (["generate", "x", "--threads", "-2"], "argument --threads: must be an integer >= 0, got '-2'"),
+    (["generate", "x", "--n-ctx", "-5"], "argument --n-ctx: must be an integer >= 0"),
+    (["generate", "x", "--draft-confidence", "nan"], "argument --draft-confidence: must be a number in [0, 1)"),
+    # torch keeps 63 bits of a seed: s and s + 2**63 would sample alike, so one range without aliases
+    (["generate", "x", "--seed", str(2 ** 63)], "argument --seed: must be an integer from 0 to 2**63 - 1"),
+    (["generate", "x", "--seed", "-1"], "argument --seed: must be an integer from 0 to 2**63 - 1"),
+    (["audit", "--seed", "99999999999999999999"], "argument --seed: must be an integer from 0 to 2**63 - 1"),
+    (["simulate", "--seed", "-5"], "argument --seed: must be an integer from 0 to 2**63 - 1"),
+    (["rand7", "--seed", "-5"], "argument --seed: must be an integer from 0 to 2**63 - 1"),
+    (["theory", "--c", "inf"], "argument --c: must be a finite number > 0, got 'inf'"),
+    (["serve", "--drain-seconds", "-1"], "argument --drain-seconds: must be a finite number of seconds >= 0"),
+    (["serve", "--max-batch", "-1"], "argument --max-batch: must be an integer >= 0"),
 ])
 def test_usage_errors_are_one_line_and_exit_2(capsys, argv, message):
     rc, err = run(capsys, *argv)
@@ -167,3 +180,43 @@ def test_serve_flags_are_checked_before_loading(argv, message, capsys):
         main(argv)
     err = capsys.readouterr().err.strip()
     assert exc.value.code == 2 and message in err and len(err.splitlines()) <= 2
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--no-spec", "--compare"], "--compare has no effect with --no-spec"),
+    (["--no-spec", "--k", "3"], "--k has no effect with --no-spec"),
+    (["--no-spec", "--show-drafts"], "--show-drafts has no effect with --no-spec"),
+    (["--no-spec", "--verify", "block"], "--verify block has no effect with --no-spec"),
+    (["--drafter", "lookup", "--draft", "/nonexistent"],
+     "--draft is a draft model, which --drafter lookup does not use"),
+    (["--drafter", "suffix", "--draft-confidence", "0.5"], "--draft-confidence ends a draft model's drafts"),
+])
+def test_options_that_would_be_ignored_are_refused(capsys, argv, message):
+    """Refused before any model loads (no --target here: loading would take the embedded pair)."""
+    rc, err = run(capsys, "generate", "x", *argv)
+    assert rc == 2 and message in one_line(err)
+
+
+def test_theory_takes_alpha_from_one_place(capsys):
+    rc, err = run(capsys, "theory", "--p", "0.7,0.3", "--q", "0.5,0.5", "--alpha", "0.3")
+    assert rc == 2 and "--alpha and --p/--q both set alpha" in one_line(err)
+
+
+def test_serve_checks_its_address_before_loading(capsys):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        rc, err = run(capsys, "serve", "--port", str(port), "--target", "/nonexistent")  # loading would fail later
+    assert rc == 2 and f"cannot listen on 127.0.0.1 port {port}" in one_line(err) and "--port" in err
+    rc, err = run(capsys, "serve", "--host", "no-such-host.invalid", "--target", "/nonexistent")
+    assert rc == 2 and "--host no-such-host.invalid: cannot resolve it" in one_line(err)
+
+
+def test_bench_checks_its_output_directory_before_loading(capsys, tmp_path):
+    a_file = tmp_path / "results"
+    a_file.write_text("")
+    rc, err = run(capsys, "bench", "--out", str(a_file), "--target", "/nonexistent")
+    assert rc == 1 and str(a_file) in one_line(err)
