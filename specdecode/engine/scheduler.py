@@ -12,11 +12,12 @@ first (a short question does not wait behind a long file, as it would in admissi
 mean time to first token is least that way), and a prompt passed over for `patience` rounds
 goes before every other, so a long one is never starved by a stream of short ones.
 A request that ends, or that the caller `release`s (a client that left, even mid-prompt),
-frees its slot at once. A freed slot keeps its request's context
-(a prefix cache): `admit` picks the free slot holding the longest start of the new prompt.
-With a prompt cache in host memory (`cache_bytes`, engine/prompt_cache.py) a slot's context
-is copied there before a different prompt overwrites it, and restored into a slot when a
-later prompt starts with more of it than any slot holds.
+frees its slot at once. With a prompt cache in host memory (`cache_bytes`,
+engine/prompt_cache.py) the freed slot's context moves there (in one shared KV pool, as
+llama.cpp's, idle cells slow every running row's attention), and is restored into a slot
+when a later prompt starts with more of it than any slot holds. Without one, a freed slot
+keeps its request's context (a prefix cache): `admit` picks the free slot holding the
+longest start of the new prompt.
 """
 
 from __future__ import annotations
@@ -198,7 +199,16 @@ class Scheduler:
             context = seq.prompt + seq.tokens
             kept = context[:min(slot.target.length, len(context) - 1)]
             slot.target.truncate(len(kept))
-            self.cached[id(slot)] = (seq, kept)
+            if self.prompt_cache is not None and kept:
+                # an idle context costs the running rows: in llama.cpp's one KV pool attention spans every
+                # slot's cells, and finished contexts in the other slots slowed a lone stream 5-6% (both
+                # our server and llama-server). In host memory it costs them nothing, and comes back by
+                # `_recall` for a prompt that starts the same way.
+                self.prompt_cache.put(kept, slot.target.snapshot())
+                slot.target.truncate(0)
+                self.cached.pop(id(slot), None)
+            else:
+                self.cached[id(slot)] = (seq, kept)
         else:  # a failed round or prefill: the cache's contents are unknown
             self.cached.pop(id(slot), None)
             slot.target.truncate(0)
