@@ -34,12 +34,26 @@ def seed_int(text: str) -> int:
 
 def fraction_below_one(text: str) -> float:
     """argparse type: a number in [0, 1) (`--draft-confidence`)."""
+    return _float_where(text, lambda x: 0.0 <= x < 1.0, "a number in [0, 1)")
+
+
+def positive_finite(text: str) -> float:
+    """argparse type: a finite number > 0 (`theory --c`)."""
+    return _float_where(text, lambda x: 0.0 < x < float("inf"), "a finite number > 0")
+
+
+def seconds(text: str) -> float:
+    """argparse type: a finite number of seconds >= 0 (`serve --drain-seconds`)."""
+    return _float_where(text, lambda x: 0.0 <= x < float("inf"), "a finite number of seconds >= 0")
+
+
+def _float_where(text: str, ok, what: str) -> float:
     try:
         value = float(text)
     except ValueError:
         value = None
-    if value is None or not 0.0 <= value < 1.0:  # NaN fails both comparisons
-        raise argparse.ArgumentTypeError(f"must be a number in [0, 1), got {text!r}")
+    if value is None or not ok(value):  # NaN fails every comparison, so every check
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
     return value
 
 

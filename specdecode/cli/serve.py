@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import socket
 
-from specdecode.cli.generate import add_model_args, load_decoder, non_negative_int, port_number, positive_int
+from specdecode.cli.generate import (add_model_args, load_decoder, non_negative_int, port_number, positive_int,
+                                     seconds)
 from specdecode.cli.output import err_console
 from specdecode.engine.config import DEFAULT_PREFILL_TOKENS
 
@@ -37,24 +38,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model-id", default=None, help="the model name clients send (default: the target's)")
     p.add_argument("--max-body-bytes", type=positive_int, default=4 * 2 ** 20,
                    help="largest request body accepted (then 413; default 4 MiB)")
-    p.add_argument("--drain-seconds", type=_seconds, default=10,
+    p.add_argument("--drain-seconds", type=seconds, default=10,
                    help="on SIGTERM/SIGINT, how long queued and running requests may finish before they end "
                         "with a 503 (default 10; a second signal ends them at once)")
     p.add_argument("--keep-alive-seconds", type=positive_int, default=5,
                    help="close a connection idle this long, or one that has not sent a complete request head "
                         "(default 5)")
     p.set_defaults(func=run_serve)
-
-
-def _seconds(text: str) -> float:
-    """argparse type: a finite number of seconds >= 0 (`--drain-seconds`)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = None
-    if value is None or not 0.0 <= value < float("inf"):  # NaN fails too
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text!r}")
-    return value
 
 
 def check_can_listen(host: str, port: int) -> None:

@@ -7,7 +7,7 @@ import argparse
 import numpy as np
 import torch
 
-from specdecode.cli.generate import seed_int
+from specdecode.cli.generate import positive_finite, seed_int
 from specdecode.cli.output import console, emit_json, table
 from specdecode.core.classic import (UniformSource, expected_calls_basic, expected_calls_recycling, rand7_basic,
                                      rand7_recycling)
@@ -21,7 +21,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                        description="Tabulate E[N] = (1-alpha^(K+1))/(1-alpha) and speedup E[N] c/(c+K).")
     p.add_argument("--alpha", type=float, nargs="+", default=None,
                    help="acceptance rate(s) in [0, 1] (default: 0.5 .. 0.9; not with --p/--q, which give alpha)")
-    p.add_argument("--c", type=_positive_finite, default=10.0, help="c = T_target / T_draft (default 10)")
+    p.add_argument("--c", type=positive_finite, default=10.0, help="c = T_target / T_draft (default 10)")
     p.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6, 7, 8], help="draft lengths K")
     p.add_argument("--p", type=_floats, help="target distribution, e.g. 0.7,0.3 (with --q: alpha from the pair)")
     p.add_argument("--q", type=_floats, help="draft distribution, e.g. 0.4,0.6")
@@ -54,17 +54,6 @@ def _floats(text: str) -> list[float]:
 
 
 DEFAULT_ALPHAS = (0.5, 0.6, 0.7, 0.8, 0.9)
-
-
-def _positive_finite(text: str) -> float:
-    """argparse type: a finite number > 0 (`--c`)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = None
-    if value is None or not 0.0 < value < float("inf"):  # NaN fails too
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
-    return value
 
 
 def run_theory(args: argparse.Namespace) -> int:
