@@ -191,9 +191,6 @@ class BatchCosts:
         self.level *= step
         self.shape[key] *= step
 
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self.shape
-
 
 @dataclass
 class _DrafterState:
@@ -290,7 +287,7 @@ class AdaptiveK:
         """T_d(rows): one lockstep draft step of `rows` sequences as measured in the batch, else the
         drafter's calibrated one-sequence step scaled by the target's calibrated curve, T(rows) / T(1)
         (the draft is a smaller model on the same kernels: llama.cpp here, a 4-row step of the 0.5B
-        draft measured 2.7x its one-row step where the target's 4-token pass is 2.9x)."""
+        draft measured 2.5-2.7x its one-row step where the target's 4-token pass is 2.9x)."""
         if rows < 1:
             return 0.0
         t_step = self.t_step.get(drafter, self._t(1) / self.prior_c)
