@@ -8,7 +8,7 @@ import time
 from specdecode.cli.output import console, emit_json, err_console, table
 from specdecode.core import VERIFY_RULES
 from specdecode.core.probs import SamplingParams
-from specdecode.engine.config import DRAFTER_CHOICES, GenerationConfig
+from specdecode.engine.config import DRAFTER_CHOICES, SEED_LIMIT, GenerationConfig
 from specdecode.engine.stats import GenerationStats
 
 STYLE = {"draft": "green", "alternative": "magenta", "correction": "yellow", "bonus": "bold cyan", "target": ""}
@@ -22,9 +22,6 @@ def non_negative_int(text: str) -> int:
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
     return _int_in(text, 1, None, "an integer >= 1")
-
-
-SEED_LIMIT = 2 ** 63  # torch's generator keeps 63 bits of a seed: s and s + 2**63 would draw alike
 
 
 def seed_int(text: str) -> int:

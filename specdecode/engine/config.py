@@ -15,6 +15,10 @@ DRAFTER_CHOICES = ("auto", "model", "lookup", "suffix")  # SpeculativeDecoder.lo
 # 47-58 s whole, 58-67 s with 128 (small pieces compute fewer prompt tokens a second).
 DEFAULT_PREFILL_TOKENS = 256
 
+# seeds are 0 .. SEED_LIMIT - 1: torch's generator keeps 63 bits of a seed, so s and s + 2**63 would draw
+# alike under two reported seeds (the CLI's and the server's checks name their option with this bound)
+SEED_LIMIT = 2 ** 63
+
 
 @dataclass(frozen=True, slots=True)
 class GenerationConfig:
@@ -38,8 +42,7 @@ class GenerationConfig:
         if self.k is not None and (isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1):
             raise ValueError(f"k must be an integer >= 1 (for plain decoding use --no-spec / "
                              f"speculative=False), got {self.k!r}")
-        # torch's generator keeps 63 bits of a seed, so s and s + 2**63 would draw alike: one range, no aliases
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 63:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < SEED_LIMIT:
             raise ValueError(f"seed must be an integer from 0 to 2**63 - 1, got {self.seed!r}")
         if self.verification not in VERIFY_RULES:
             raise ValueError(f"verification must be one of {', '.join(VERIFY_RULES)}, got {self.verification!r}")

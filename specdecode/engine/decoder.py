@@ -142,10 +142,11 @@ class SpeculativeDecoder:
         max_batch = max_batch or (DEFAULT_MAX_BATCH if backend == "llama.cpp" else 1)
         if isinstance(tree, bool) or not isinstance(tree, int) or not 0 <= tree <= MAX_TREE:
             raise ValueError(f"tree must be an integer in 0..{MAX_TREE} (extra draft-tree nodes per round), got {tree!r}")
-        if draft is not None and drafter not in ("auto", "model"):
+        loads_draft = drafter in ("auto", "model")  # the drafters that run a draft model
+        if draft is not None and not loads_draft:
             raise ValueError(f"--draft is a draft model, which --drafter {drafter} does not use (it loads none): "
                              f"drop --draft, or use --drafter auto or model")
-        if draft_confidence and drafter not in ("auto", "model"):
+        if draft_confidence and not loads_draft:
             raise ValueError(f"--draft-confidence ends a draft model's drafts, which --drafter {drafter} does not "
                              f"use: drop it, or use --drafter auto or model")
         if tree and drafter not in ("auto", "model", "suffix"):
@@ -160,7 +161,7 @@ class SpeculativeDecoder:
             drafters.append(LookupDrafter())
         if speculative and drafter == "suffix":
             drafters.append(SuffixDrafter(tree=tree))
-        if speculative and drafter in ("auto", "model"):
+        if speculative and loads_draft:
             draft_backend = resolve_backend(backend, draft, device)
             draft_model, draft_tokenizer = load_model(draft, "draft", torch_dtype, device, progress=progress,
                                                       backend=draft_backend, llama_settings=settings)

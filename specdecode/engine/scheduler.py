@@ -166,16 +166,13 @@ class Scheduler:
 
     def _recall(self, slot: Slot, ids: Sequence[int]) -> list[int]:
         """Make `slot` hold the longest start of `ids` that it or the prompt cache has; return the
-        tokens it then holds. What the slot held goes to the prompt cache first: `ids` will overwrite it."""
-        held = self._cached(slot)
+        tokens it then holds. With a prompt cache a free slot holds nothing (`_free` moved its context
+        there), so the start comes from the cache or not at all."""
         if self.prompt_cache is None:
-            return held
-        n_held = common_prefix(held, ids)
-        if len(held) > n_held:
-            self.prompt_cache.put(held, slot.target.snapshot())
-        n, entry = self.prompt_cache.best(ids)
-        if entry is None or n <= n_held:
-            return held
+            return self._cached(slot)
+        _, entry = self.prompt_cache.best(ids)
+        if entry is None:
+            return []
         self.cached.pop(id(slot), None)  # from here the slot holds the entry, or nothing
         try:
             slot.target.restore(entry.snapshot)

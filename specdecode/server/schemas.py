@@ -14,9 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-# torch.Generator's mt19937 keeps only a seed's low 63 bits, so s and s + 2^63 would give the same
-# samples under different reported seeds: the API takes exactly the seeds that sample differently
-SEED_LIMIT = 2 ** 63
+from specdecode.engine.config import SEED_LIMIT
+
 
 
 class FieldError(ValueError):
@@ -86,7 +85,7 @@ class _Common(_Strict):
     top_k: int = Field(default=0, ge=0)  # 0 = off
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)  # 0 = off
     stop: Text | list[Text] | None = None
-    seed: int | None = None  # 0 .. 2^63 - 1 (SEED_LIMIT); OpenAI documents int64
+    seed: int | None = None  # 0 .. 2^63 - 1 (engine.config.SEED_LIMIT: no two seeds sample alike); OpenAI: int64
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
