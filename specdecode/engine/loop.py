@@ -31,7 +31,7 @@ import torch
 
 from specdecode.backends.protocol import Model, Row, common_prefix, forward_batch
 from specdecode.core import VERIFY_RULES
-from specdecode.core.probs import SamplingParams, logits_to_probs
+from specdecode.core.probs import SamplingParams, greedy_token, logits_to_probs
 from specdecode.core.reproducible import CounterNoise, sample_token, verify_equal, verify_tree_equal
 from specdecode.core.tree import DraftTree, verify_tree
 from specdecode.core.verify import Randomness, verify
@@ -362,29 +362,38 @@ def _verify_row(job: RoundJob, drafter: Drafter | None, proposal: Proposal | Non
                 t_draft: float, t_pass: float, size: int, pass_tokens: int,
                 shadow: tuple[str, int, Hashable] | None = None, situation: Hashable = None) -> RoundOutcome:
     drafts = proposal.tokens if proposal else []
-    p = logits_to_probs(logits[: len(drafts) + 1], job.params)
-    if shadow is not None:  # p[0] judges the first new token whoever drafted: a one-hot x passes with p(x)
-        job.policy.observe_shadow(shadow[0], float(p[0, shadow[1]]), shadow[2])
     position = len(job.context)  # of the round's first new token, in the whole sequence
+    if not drafts:  # a plain step
+        token, p0 = _plain_step(logits[0], job.params, job.generator, position)
+        if shadow is not None:  # p_1 judges the first new token whoever drafted: a one-hot x passes with p(x)
+            job.policy.observe_shadow(shadow[0], float(p0[shadow[1]]) if p0 is not None else
+                                      float(shadow[1] == token), shadow[2])
+        return RoundOutcome([token], [TARGET], "none", 0, 0, size, t_draft, t_pass, 0.0, pass_tokens)
+    p = logits_to_probs(logits[: len(drafts) + 1], job.params)
+    if shadow is not None:
+        job.policy.observe_shadow(shadow[0], float(p[0, shadow[1]]), shadow[2])
     if proposal is not None and proposal.parents is not None:
         return _verify_tree_row(job, drafter, proposal, p, t_draft, t_pass, size, pass_tokens)
-    if drafts and isinstance(job.generator, CounterNoise):
+    if isinstance(job.generator, CounterNoise):
         n, emitted = verify_equal(drafts, p, job.generator, position, job.params.greedy)  # reproducible
-        sources = [DRAFT] * n + [BONUS if n == len(drafts) else CORRECTION]
-        job.target.truncate(job.target.length - (size - 1 - n))
-        drafter.observe(len(drafts), n)
-    elif drafts:
-        n, emitted = _judge(drafts, proposal.q, p, job.rule, job.generator)
-        sources = [DRAFT] * n + [BONUS if n == len(drafts) else CORRECTION]
-        job.target.truncate(job.target.length - (size - 1 - n))  # keep pending + the n accepted drafts
-        drafter.observe(len(drafts), n)
     else:
-        n, emitted, sources = 0, [sample_token(p[0], job.generator, position, job.params.greedy)], [TARGET]
-    t_step = 0.0
-    if drafts:
-        t_step = proposal.step_seconds if proposal.step_seconds is not None else t_draft / len(drafts)
-    return RoundOutcome(emitted, sources, drafter.name if drafts else "none", len(drafts), n, size,
-                        t_draft, t_pass, t_step, pass_tokens, situation=situation if drafts else None)
+        n, emitted = _judge(drafts, proposal.q, p, job.rule, job.generator)
+    sources = [DRAFT] * n + [BONUS if n == len(drafts) else CORRECTION]
+    job.target.truncate(job.target.length - (size - 1 - n))  # keep pending + the n accepted drafts
+    drafter.observe(len(drafts), n)
+    t_step = proposal.step_seconds if proposal.step_seconds is not None else t_draft / len(drafts)
+    return RoundOutcome(emitted, sources, drafter.name, len(drafts), n, size, t_draft, t_pass, t_step, pass_tokens,
+                        situation=situation)
+
+
+def _plain_step(logits: torch.Tensor, params: SamplingParams, source: "torch.Generator | CounterNoise",
+                position: int) -> tuple[int, torch.Tensor | None]:
+    """A plain step's token from p_1's logits [V], and p_1 (None when greedy: it would be one-hot at
+    the token, and building it cost ~0.3 ms a token, 1% of a step beside llama.cpp)."""
+    if params.greedy:
+        return greedy_token(logits), None
+    p = logits_to_probs(logits, params)
+    return sample_token(p, source, position, greedy=False), p
 
 
 def _judge(drafts: list[int], q: torch.Tensor | None, p: torch.Tensor, rule: VerifyRule,
@@ -499,8 +508,8 @@ def _time_catchup(drafter: Drafter, prompt: list[int], params: SamplingParams, n
 def time_pass(target: Model, token: int, n: int, params: SamplingParams | None = None) -> float | None:
     """Wall time of one target pass over n tokens, leaving the cache as it was (None: no room).
 
-    params: also time what a round does with the pass's logits, as `_verify_row` does it: the
-    probabilities of every row, then a plain step's sample (n = 1) or the verification of n - 1
+    params: also time what a round does with the pass's logits, as `_verify_row` does it: a plain
+    step's token (n = 1), or the probabilities of every row and the verification of n - 1
     one-hot drafts (the residual, its float64 cumulative sum and the accept tests: ~1 ms for
     Qwen's 151,936 tokens): what adaptive K must weigh, since on a CPU it is part of a
     round that drafts (README, "Speculation against plain, pair by pair"). The calibrating request's
@@ -513,11 +522,10 @@ def time_pass(target: Model, token: int, n: int, params: SamplingParams | None =
     logits = target.forward([token] * n, n_logits=n)
     if params is not None:
         generator = torch.Generator().manual_seed(0)  # its own: no effect on any output
-        p = logits_to_probs(logits, params)
         if n > 1:
-            _judge([token] * (n - 1), None, p, verify, generator)
+            _judge([token] * (n - 1), None, logits_to_probs(logits, params), verify, generator)
         else:
-            sample_token(p[0], generator, length, params.greedy)
+            _plain_step(logits[0], params, generator, length)
     elapsed = time.perf_counter() - t0
     target.truncate(length)
     return elapsed

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from specdecode.core.probs import (GREEDY, SamplingParams, exponential_noise, logits_to_probs, sample, sample_with_noise,
-                                   sample_with_uniform)
+from specdecode.core.probs import (GREEDY, SamplingParams, exponential_noise, greedy_token, logits_to_probs, sample,
+                                   sample_with_noise, sample_with_uniform)
 from specdecode.stats import chi_square
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0], dtype=torch.float64)
@@ -81,6 +81,26 @@ def test_bad_logits():
         logits_to_probs(torch.full((3,), float("-inf")), SamplingParams())
     with pytest.raises(ValueError, match="floating-point"):
         logits_to_probs(torch.tensor([1, 2]), SamplingParams())
+
+
+def test_greedy_token_is_where_the_greedy_distribution_puts_its_mass():
+    """A plain greedy step takes `greedy_token` instead of building the one-hot p: the same token
+    (the first of tied maxima), in every dtype, and the same errors."""
+    g = torch.Generator().manual_seed(3)
+    rows = [LOGITS, torch.tensor([1.0, 4.0, 4.0, 0.0]), torch.tensor([-float("inf"), 0.5, float("inf")]),
+            torch.randint(0, 3, (40,), generator=g).float(), torch.randn(151_936, generator=g).bfloat16(),
+            torch.randn(2, 7, generator=g)[1, ::2]]
+    for row in rows:
+        assert greedy_token(row) == int(logits_to_probs(row, GREEDY).argmax()), row
+    assert greedy_token(torch.tensor([1.0, 4.0, 4.0, 0.0])) == 1
+    for bad, match in [(torch.tensor([0.0, float("nan")]), "NaN"), (torch.full((3,), float("-inf")), "-inf"),
+                       (torch.tensor([1, 2]), "floating-point"), (torch.zeros(2, 3), "one row"),
+                       (torch.zeros(0), "one row")]:
+        with pytest.raises(ValueError, match=match):
+            greedy_token(bad)
+        if bad.dim() == 1 and len(bad):  # logits_to_probs refuses the same rows, in the same words
+            with pytest.raises(ValueError, match=match):
+                logits_to_probs(bad, GREEDY)
 
 
 def test_sampling_is_reproducible_from_explicit_generator():
