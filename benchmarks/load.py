@@ -184,7 +184,7 @@ def measure(url: str, model: str, prompts: list[str], name: str, clients: int, a
         after = counters(url)
         d = {k: after[k] - before[k] for k in after}
         rounds = max(1.0, d["specdecode_batch_size_count"])  # target passes
-        # the worker prefills between rounds (nothing else runs then): the rest is decoding
+        # prefill: the prompts' share, by tokens, of the passes they ride in; the rest is decoding
         decode_s = row["wall_s"] - d["specdecode_prefill_seconds_total"]
         row |= {"decode_tokens_per_s": d["specdecode_tokens_generated_total"] / max(decode_s, 1e-9),
                 "prefill_share": d["specdecode_prefill_seconds_total"] / row["wall_s"],

@@ -66,7 +66,8 @@ def sample_first_tokens(target: Model, drafters: Sequence[Drafter], policy: KPol
 
 
 def next_logits(target: Model, prefix: Sequence[int]) -> torch.Tensor:
-    """The target's next-token logits after `prefix` (a fresh prefill, as the engine would do it)."""
+    """The target's next-token logits after `prefix` (a fresh prefill, then `pending` alone: the
+    engine's first round feeds both in one pass, which computes the same logits)."""
     base = prefill(target, [], prefix)
     logits = target.forward([prefix[-1]], 1)[0]
     target.truncate(base)

@@ -7,6 +7,11 @@ p_1..p_{K+1} (the logits at `pending` judge x_1, and so on), then:
     verify -> emit x_1..x_n, y -> truncate the target cache to drop x_{n+1}..x_K
     -> y becomes the next `pending` (it has no K/V entry yet: the next round feeds it)
 
+A sequence's first round also feeds the prompt's rest (`Sequence.unfed`: the prompt but its
+last token, less what a prefix cache held or a scheduler's pieces ran) before `pending`, in the
+same row: the pass that runs the prompt yields the first token, as in llama.cpp. Until then the
+cache holds context[:-1-len(unfed)].
+
 `step(batch)` does one round for every running sequence: each drafts on its own
 (drafters tried in order, e.g. lookup then the draft model; the first that proposes
 something drafts, with K from the sequence's policy given what the rest of the batch
@@ -77,26 +82,27 @@ def new_sequence(slot: Slot, prompt: Seq[int], config: GenerationConfig, eos_ids
                     stats if stats is not None else GenerationStats(), speculative)
 
 
-def start(seq: Sequence, cached: Seq[int] = (), defer: bool = False) -> Row | None:
-    """Prefill the sequence's slot (calibrating an uncalibrated adaptive policy first).
+def start(seq: Sequence, cached: Seq[int] = ()) -> None:
+    """Put the sequence into its slot (calibrating an uncalibrated adaptive policy first), leaving the
+    prompt's rest for its first round (`seq.unfed`).
 
     cached: the token ids whose K/V the slot's target holds from its last request (a prefix
-    cache): the prompt's longest common prefix with them is kept, not recomputed.
-    defer: do not run the rest of the prompt; return it as a row for the caller to run in later
-    `step`s' passes beside the running sequences' rows (the scheduler runs it in pieces; None:
-    nothing left to run)."""
+    cache): the prompt's longest common prefix with them is kept, not recomputed. The rest, but the
+    last token, goes into `seq.unfed`: the first `step` runs it in the pass that yields the first
+    token (one pass, as llama.cpp's generate and server do, not a prompt pass and then a one-token
+    step: that cost a pass, ~1% of a 128-token request). A scheduler may run it in pieces first
+    (`step`'s prefills), taking them from `seq.unfed`."""
     seq.stats.prompt_tokens = len(seq.prompt)
     t0 = time.perf_counter()
     if seq.drafters and seq.policy.wants_calibration():
         calibrate(seq.policy, seq.slot.target, seq.drafters, seq.prompt, seq.config.sampling)
         cached = seq.prompt[:-1]  # what the calibration left in the cache
     seq.stats.cached_tokens = keep = common_prefix(cached, seq.prompt[:-1])
-    prefill(seq.slot.target, seq.slot.drafters, seq.prompt, keep, run=not defer)
+    prefill(seq.slot.target, seq.slot.drafters, seq.prompt, keep, run=False)
+    seq.unfed = seq.prompt[keep:-1]
     seq.policy.begin()
     _claim(seq)
     seq.stats.t_prefill = time.perf_counter() - t0
-    rest = seq.prompt[keep:-1]
-    return Row(seq.slot.target, rest, 1) if defer and rest else None
 
 
 def generate_tokens(target: Model, drafters: Seq[Drafter], prompt: Seq[int], config: GenerationConfig,
@@ -119,9 +125,10 @@ def step(batch: Seq[Sequence], prefills: Seq[Row] = ()) -> list[Round]:
 
     Returns each sequence's new tokens, in order; a sequence that ends (EOS, its token budget,
     its context full) is marked finished and its slot may take another request.
-    prefills: deferred prompt rows, or pieces of them, of sequences that start (`start(...,
-    defer=True)`), run in the same pass (their logits unused); a sequence joins `batch` in the
-    round after its prompt's last piece.
+    A sequence with `unfed` prompt tokens (its first round) feeds them in its row before `pending`
+    (a chain's row; no tree).
+    prefills: pieces of prompts (rows whose logits nobody reads) run in the same pass: a scheduler's
+    chunked prefill of sequences not in `batch` (their tokens taken from `unfed`).
     """
     if not batch:
         if prefills:
@@ -132,7 +139,7 @@ def step(batch: Seq[Sequence], prefills: Seq[Row] = ()) -> list[Round]:
     for seq in batch:
         _check_owner(seq)
     jobs = [RoundJob(seq.slot.target, seq.drafters, seq.policy, seq.context, seq.budget - 1,
-                     seq.config.sampling, seq.generator, seq.rule) for seq in batch]
+                     seq.config.sampling, seq.generator, seq.rule, seq.unfed) for seq in batch]
     rounds = []
     for seq, out in zip(batch, speculative_rounds(jobs, prefills)):
         rounds.append(_emit(seq, out))
@@ -144,8 +151,13 @@ def _emit(seq: Sequence, out: "RoundOutcome") -> Round:
     # The policy learns from the whole verification, drafts after an EOS included: they were
     # drafted and judged by the target like any other, so they are honest evidence of the
     # acceptance rate and of the pass's cost (and the request ends with this round anyway).
-    seq.policy.observe(out.drafter, out.drafted, out.accepted, out.t_step * out.drafted, out.pass_tokens,
-                       out.t_verify, out.situation)
+    # the prompt's rest, if it rode in this round's row: its share of the pass, by tokens, is prefill
+    share = out.t_verify * len(seq.unfed) / out.pass_tokens
+    t_verify = out.t_verify - share
+    seq.policy.observe(out.drafter, out.drafted, out.accepted, out.t_step * out.drafted,
+                       out.pass_tokens - len(seq.unfed), t_verify, out.situation)
+    seq.stats.t_prefill += share
+    seq.unfed = []
     emitted, sources = out.tokens, out.sources
     for i, tok in enumerate(emitted):  # stop at EOS inside an accepted run
         if tok in seq.eos_ids:
@@ -156,7 +168,7 @@ def _emit(seq: Sequence, out: "RoundOutcome") -> Round:
     # tested (drafts past it are not in the output; counting them would skew alpha).
     accepted = min(out.accepted, len(emitted))
     seq.stats.add_round(RoundRecord(drafter=out.drafter, drafted=out.drafted, accepted=accepted,
-                                    emitted=len(emitted), t_draft=out.t_draft, t_verify=out.t_verify,
+                                    emitted=len(emitted), t_draft=out.t_draft, t_verify=t_verify,
                                     verified=out.verified, tested=accepted if accepted < out.accepted else None,
                                     tree_nodes=out.tree_nodes, off_chain=out.off_chain))
     seq.tokens += emitted
@@ -182,7 +194,8 @@ def _check_owner(seq: Sequence) -> None:
     the same target in between, e.g. two `stream()` generators of one decoder advanced in turn.
     Detect it (ownership, and the cheap length check) instead of silently corrupting both."""
     target = seq.slot.target
-    if getattr(target, "owner", seq) is not seq or target.length != len(seq.prompt) + len(seq.tokens) - 1:
+    if getattr(target, "owner", seq) is not seq or \
+            target.length + len(seq.unfed) != len(seq.prompt) + len(seq.tokens) - 1:
         raise RuntimeError(f"{target.name} is already generating another sequence (its cache no longer "
                            f"holds this generation's context): one decoder serves one generation at a "
                            f"time; use a decoder per concurrent stream, or generate_many for a batch")
@@ -216,6 +229,7 @@ class RoundJob:
     params: SamplingParams
     generator: torch.Generator
     rule: VerifyRule = verify
+    unfed: Seq[int] = ()  # prompt tokens to feed before `pending` (the cache holds context[:-1-len(unfed)])
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,7 +239,7 @@ class RoundOutcome:
     drafter: str  # who proposed ("none": a plain step)
     drafted: int
     accepted: int
-    verified: int  # tokens in the target pass for this row (padding included)
+    verified: int  # tokens verified in the target pass for this row (padding included; the prompt's rest not)
     t_draft: float  # all drafting time of the round (catch-up included)
     t_verify: float  # the whole pass (shared by the batch's rows)
     t_step: float  # marginal time of one draft token, as the drafter measured it (else t_draft / drafted)
@@ -260,11 +274,12 @@ def speculative_rounds(jobs: Seq[RoundJob], prefills: Seq[Row] = ()) -> list[Rou
     cost about the same each, as on a CPU; on a flat GPU curve it overprices such drafts, never
     underprices them.
 
-    A shared round without pieces reports its cost (the pass and every row's verification) to the
+    A shared round without prompt tokens (pieces, or a row's rest) reports its cost (the pass and every row's verification) to the
     rows' policies (`observe_batch`), and each lockstep draft step its cost by the rows in it
     (`observe_draft_batch`): the batch's cost curves are measured where they are paid."""
     tokens, expected, lockstep = 0, 0.0, ()
     shared = len(jobs) > 1 or bool(prefills)  # other rows in the pass
+    prompts = bool(prefills) or any(job.unfed for job in jobs)  # prompt tokens in it (pieces, or a row's rest)
     plans: list[_Draft] = []
     for i, job in enumerate(jobs):
         later = len(jobs) - i - 1  # rows still to draft: one token each, for now
@@ -276,7 +291,8 @@ def speculative_rounds(jobs: Seq[RoundJob], prefills: Seq[Row] = ()) -> list[Rou
             _settle(job, plan, shared)
         plan.t_draft = time.perf_counter() - t0
         plans.append(plan)
-        tokens += len(plan.row.tokens) if plan.row is not None else plan.k + 1
+        # the decoding part (a tree's nodes, padding); not the prompt's rest: as beside a prompt's piece
+        tokens += plan.row.n_logits if plan.row is not None else plan.k + 1
         expected += job.policy.expected_tokens(plan.drafter.name, plan.k, plan.situation) if plan.k else 1.0
         if plan.drafting is not None:
             lockstep += ((plan.drafter.name, plan.k),)
@@ -305,10 +321,10 @@ def speculative_rounds(jobs: Seq[RoundJob], prefills: Seq[Row] = ()) -> list[Rou
     logits_of = forward_batch(rows)[len(prefills):]
     t_pass = time.perf_counter() - t1
     pass_tokens = sum(len(row.tokens) for row in rows)  # the prompts' pieces included: t_pass paid for them
-    outcomes = [_verify_row(job, plan.drafter, plan.proposal, logits, plan.t_draft, t_pass, len(plan.row.tokens),
+    outcomes = [_verify_row(job, plan.drafter, plan.proposal, logits, plan.t_draft, t_pass, plan.row.n_logits,
                             pass_tokens, plan.shadow, plan.situation)
                 for job, plan, logits in zip(jobs, plans, logits_of)]
-    if shared and not prefills:  # what a shared round of these decoding tokens costs, for the next rounds' K
+    if shared and not prompts:  # what a shared round of these decoding tokens costs, for the next rounds' K
         t_round = time.perf_counter() - t1
         for job in jobs:
             job.policy.observe_batch(pass_tokens, t_round, len(jobs))
@@ -332,7 +348,7 @@ class _Draft:
 
 
 def _room(job: RoundJob) -> int:
-    return job.target.max_length - job.target.length - 1  # positions left after `pending`
+    return job.target.max_length - job.target.length - len(job.unfed) - 1  # positions left after `pending`
 
 
 def _settle(job: RoundJob, plan: _Draft, shared: bool) -> None:
@@ -343,24 +359,29 @@ def _settle(job: RoundJob, plan: _Draft, shared: bool) -> None:
         k = len(DraftTree(proposal.tokens, proposal.parents).main_chain())
     if proposal is not None and proposal.gains:  # a tree: the cost model decides how many alternatives pay
         gains = sorted(proposal.gains, reverse=True)
-        proposal = plan.proposal = proposal.keep_alternatives(
+        # a row that feeds the prompt's rest first is a chain (a tree's attention starts at the cache)
+        proposal = plan.proposal = proposal.keep_alternatives(0 if job.unfed else
             min(job.policy.tree_alternatives(plan.drafter.name, k, gains, plan.load), room - k))
     plan.k = k
     drafts = proposal.tokens if proposal else []
     if proposal is not None and proposal.parents is not None:  # a tree: the root, then its nodes
+        if job.unfed:
+            raise RuntimeError(f"{plan.drafter.name} proposed a tree with no gains for a row that feeds the "
+                               f"prompt's rest: such a row must be a chain")
         size = len(drafts) + 1
         plan.row = Row(job.target, [job.context[-1]] + drafts, size, [-1] + [p + 1 for p in proposal.parents])
         return
-    # padding to a cheaper pass size only pays when the row has the pass to itself
-    size = 1 if not drafts else len(drafts) + 1 if shared else \
+    # padding to a cheaper pass size only pays when the row has the pass to itself (no prompt's rest either)
+    size = 1 if not drafts else len(drafts) + 1 if shared or job.unfed else \
         min(job.policy.verify_size(len(drafts) + 1), room + 1)
     padding = [drafts[-1]] * (size - len(drafts) - 1) if drafts else []  # ignored positions
-    plan.row = Row(job.target, [job.context[-1]] + drafts + padding, size)
+    plan.row = Row(job.target, [*job.unfed, job.context[-1]] + drafts + padding, size)
 
 
 def _verify_row(job: RoundJob, drafter: Drafter | None, proposal: Proposal | None, logits: torch.Tensor,
                 t_draft: float, t_pass: float, size: int, pass_tokens: int,
                 shadow: tuple[str, int, Hashable] | None = None, situation: Hashable = None) -> RoundOutcome:
+    """size: the row's positions from `pending` on (the logits; the prompt's rest before them aside)."""
     drafts = proposal.tokens if proposal else []
     position = len(job.context)  # of the round's first new token, in the whole sequence
     if not drafts:  # a plain step
@@ -393,7 +414,7 @@ def _plain_step(logits: torch.Tensor, params: SamplingParams, source: "torch.Gen
     if params.greedy:
         return greedy_token(logits), None
     p = logits_to_probs(logits, params)
-    return sample_token(p, source, position, greedy=False), p
+    return sample_token(p, source, position, False), p
 
 
 def _judge(drafts: list[int], q: torch.Tensor | None, p: torch.Tensor, rule: VerifyRule,

@@ -6,8 +6,9 @@ with the next piece of the waiting prompts in the same pass (as llama.cpp's serv
 running rows advance while a prompt is processed, instead of waiting for a pass of its own),
 and returns each one's new text. Chunked prefill: a pass holds at most `prefill_tokens`
 tokens of prompts (less the running rows' one token each), so a long prompt is computed over
-several rounds and never stalls the running streams for more than one such pass; a request whose
-prompt has run gets its first tokens in the next round. The shortest remaining prompt goes
+several rounds and never stalls the running streams for more than one such pass; a prompt's last
+piece, when it fits beside it, runs in the request's own row with the step that yields its first
+token (else the request decodes from the next round). The shortest remaining prompt goes
 first (a short question does not wait behind a long file, as it would in admission order: the
 mean time to first token is least that way), and a prompt passed over for `patience` rounds
 goes before every other, so a long one is never starved by a stream of short ones.
@@ -38,9 +39,9 @@ from specdecode.engine.stats import GenerationStats
 
 @dataclass(eq=False)
 class Waiting:
-    """An admitted prompt's part still to run, and the rounds in a row it got no piece of a pass."""
+    """An admitted prompt whose rest (its sequence's `unfed`) waits for room in a pass: the rounds in a
+    row it got no piece of one."""
 
-    rest: Row
     passed_over: int = 0
 
 
@@ -82,8 +83,9 @@ class Scheduler:
 
     def admit(self, key: Hashable, ids: Sequence[int], config: GenerationConfig, speculative: bool = True,
               stats: GenerationStats | None = None) -> Active:
-        """Put a request into a free slot: its prompt runs in the next rounds' passes (in pieces, after
-        the prompts admitted before it), and it decodes from the round after its last piece. Raises
+        """Put a request into a free slot: its prompt runs in the next rounds' passes (in pieces, shortest
+        remaining first: `_prompt_pieces`), and it decodes from the round of its last piece (that piece
+        in its own row) or, when the piece fills the room, from the round after. Raises
         ValueError for a request that cannot run (e.g. a prompt longer than the context), slot kept
         free."""
         if not self.free:
@@ -95,21 +97,23 @@ class Scheduler:
         try:
             seq = self.decoder.sequence(slot, ids, config, stats if stats is not None else GenerationStats(),
                                         speculative)
-            prompt = start(seq, self._recall(slot, ids[:-1]), defer=True)
+            start(seq, self._recall(slot, ids[:-1]))
         except BaseException:
             self._free(slot)
             raise
         active = Active(key, seq, TextAssembler(self.decoder.tokenizer, config.stop, seq.stats))
         self.running.append(active)
-        if prompt is not None:
-            self._prompts[active] = Waiting(prompt)
+        if seq.unfed:
+            self._prompts[active] = Waiting()
         return active
 
     def step(self) -> list[tuple[Active, list[Chunk]]]:
         """One round of every running request; those that end leave the batch (their last text included).
         If the round fails, every running request is released and the error raised."""
         batch = [a for a in self.running if a not in self._prompts]
-        pieces = self._prompt_pieces(len(batch))
+        pieces, joining = self._prompt_pieces(len(batch))
+        batch += joining
+        n_prompt = sum(len(row.tokens) for _, row in pieces) + sum(len(a.seq.unfed) for a in joining)
         t0 = time.perf_counter()
         try:
             rounds = step([a.seq for a in batch], [row for _, row in pieces])
@@ -117,8 +121,9 @@ class Scheduler:
             for a in list(self.running):
                 self.release(a, failed=True)
             raise
-        # the prompts' share of the pass, by tokens, is their prefill time
-        t_pass, n_prompt = time.perf_counter() - t0, sum(len(row.tokens) for _, row in pieces)
+        # the prompts' pieces' share of the pass, by tokens, is their prefill time (a prompt's rest in its own
+        # row: `step` counts its share)
+        t_pass = time.perf_counter() - t0
         self.pass_tokens = n_pass = n_prompt + sum(a.seq.stats.rounds[-1].verified for a in batch)
         self.pass_rows = len(batch) + len(pieces)
         for a, row in pieces:
@@ -135,26 +140,34 @@ class Scheduler:
             out.append((a, chunks))
         return out
 
-    def _prompt_pieces(self, running_rows: int) -> list[tuple[Active, Row]]:
-        """This round's pieces of the waiting prompts: prefill_tokens tokens less one per running row
+    def _prompt_pieces(self, running_rows: int) -> tuple[list[tuple[Active, Row]], list[Active]]:
+        """This round's share of the waiting prompts: prefill_tokens tokens less one per running row
         (so that, drafting aside, the pass stays within the bound), at least one. Prompts passed over
         `patience` rounds first, the longest passed over first; then the shortest remaining first (module
-        docstring). A prompt whose last piece is taken leaves the line and decodes from the next round."""
-        room, pieces = max(1, self.prefill_tokens - running_rows), []
+        docstring). A prompt whose rest fits beside its first token's step joins the batch (`step` feeds
+        its rest in its row: `Sequence.unfed`); of a longer one a piece runs as a prefill row.
+        Returns (pieces, joining)."""
+        room, pieces, joining = max(1, self.prefill_tokens - running_rows), [], []
         line = sorted(self._prompts.items(), key=lambda item: (0, -item[1].passed_over)  # stable: ties keep
-                      if item[1].passed_over >= self.patience else (1, len(item[1].rest.tokens)))  # admission order
+                      if item[1].passed_over >= self.patience else (1, len(item[0].seq.unfed)))  # admission order
         for active, waiting in line:
+            seq = active.seq
             if room <= 0:
                 waiting.passed_over += 1
                 continue
-            n = min(room, len(waiting.rest.tokens))
-            pieces.append((active, waiting.rest._replace(tokens=waiting.rest.tokens[:n])))
-            if n < len(waiting.rest.tokens):
-                self._prompts[active] = Waiting(waiting.rest._replace(tokens=waiting.rest.tokens[n:]))
-            else:
+            if len(seq.unfed) + 1 <= room:  # the rest and the first token's step, in one row
+                joining.append(active)
+                room -= len(seq.unfed) + 1
+                del self._prompts[active]
+                continue
+            n = min(room, len(seq.unfed))
+            waiting.passed_over = 0
+            pieces.append((active, Row(seq.slot.target, seq.unfed[:n], 1)))
+            seq.unfed = seq.unfed[n:]
+            if not seq.unfed:  # all of it ran: it decodes from the next round
                 del self._prompts[active]
             room -= n
-        return pieces
+        return pieces, joining
 
     def release(self, active: Active, failed: bool = False) -> None:
         """Drop a request (ended, or its client left) and free its slot; the target keeps the

@@ -45,6 +45,9 @@ class Sequence:
     speculative: bool = True  # False: no drafts (plain decoding rows in a speculative batch)
     tokens: list[int] = field(default_factory=list)  # the output so far
     finished: bool = False
+    # prompt tokens before `pending` that the target has not run yet (`loop.start` leaves the prompt's
+    # rest here): the sequence's next row feeds them first, in the pass that yields its first token
+    unfed: list[int] = field(default_factory=list)
 
     @property
     def context(self) -> list[int]:

@@ -160,13 +160,16 @@ def test_a_prompts_piece_does_not_make_drafts_look_free(decoder, monkeypatch):
 def test_a_shared_round_reports_its_cost_once_per_row_without_prompt_pieces(decoder, monkeypatch):
     """The batch's cost curve is measured on its rounds: each row reports the pass's decoding tokens
     and the round's time; a round carrying a prompt's piece reports nothing (its time is the piece's
-    too), nor does a lone row's."""
+    too), nor does a round whose rows feed their prompts' rest (the first), nor a lone row's."""
     reports = []
     monkeypatch.setattr(AdaptiveK, "observe_batch", lambda self, n, t, rows: reports.append((id(self), n, t, rows)))
     seqs = [new_sequence(slot, decoder.encode(p), CONFIGS[2], frozenset([0]), policy=decoder.policy.for_request())
             for slot, p in zip(decoder.slots, PROMPTS[:3])]
     for seq in seqs:
         start(seq)
+    assert all(seq.unfed for seq in seqs[:2])  # "a" has no rest
+    step(seqs)
+    assert reports == [] and not any(seq.unfed for seq in seqs)
     step(seqs)
     verified = sum(seq.stats.rounds[-1].verified for seq in seqs)
     assert len({r[0] for r in reports}) == 3 and all(r[1:] == reports[0][1:] for r in reports)
@@ -285,9 +288,9 @@ def test_a_long_prompt_runs_in_pieces_beside_the_running_rows(decoder, monkeypat
     n_before = len(passes)
     while not second.seq.tokens:
         step()
-    prompt_passes = passes[n_before:-1]  # the last: the first round that decodes it
+    prompt_passes = passes[n_before:]  # the last: its last piece and first token's step, in one row
     pieces = [n for pass_ in prompt_passes for model, n in pass_ if model is second.seq.slot.target]
-    assert sum(pieces) == n_prompt and len(pieces) >= 4
+    assert sum(pieces) == n_prompt + 1 and len(pieces) >= 4
     for pass_ in prompt_passes:  # the running row in every pass, the prompt's piece within the bound
         assert (first.seq.slot.target, 1) in pass_
         assert sum(n for model, n in pass_ if model is second.seq.slot.target) <= bound - 1
@@ -333,11 +336,13 @@ def test_the_shortest_prompt_goes_first_and_a_passed_over_one_is_not_starved(dec
         while scheduler.running:
             for a, chunks in scheduler.step():
                 out.setdefault(a.key, []).extend(t for c in chunks for t in c.tokens)
-        return [[(owner[id(model)], n) for model, n in pass_] for pass_ in passes[:4]], out
+        return [[(owner[id(model)], n) for model, n in pass_] for pass_ in passes[:5]], out
 
     eager, out = first_pieces(patience=100)
-    prompt_rows = [[key for key, n in pass_ if key != "s1" or n > 1] for pass_ in eager]  # s1 decodes from pass 2
-    assert prompt_rows[:3] == [["s1"], ["s2"], ["s2", "s0"]] and prompt_rows[3][:2] == ["s0", "long"]
+    prompt_rows = [[key for key, n in pass_ if n > 1] for pass_ in eager]  # a piece, or a prompt's rest and step
+    # s1's 10 tokens fill the first pass (10 + its first step would not fit: it decodes from the next); s2 and s0
+    # end beside their first token's step; the long prompt waits for the three
+    assert prompt_rows == [["s1"], ["s2"], ["s0", "s2"], ["s0"], ["long"]]
     patient, out_patient = first_pieces(patience=1)
     assert patient[0] == [("s1", 10)] and patient[1] == [("long", 9), ("s1", 1)]  # passed over once: it goes first
     for key, prompt in [("long", long_)] + [(f"s{i}", p) for i, p in enumerate(shorts)]:
@@ -439,8 +444,8 @@ def test_with_a_prompt_cache_a_finished_context_leaves_the_shared_pool(decoder, 
 
 def test_a_new_prompt_runs_in_the_running_rows_pass(decoder, monkeypatch):
     """A request admitted while another decodes has its prompt computed in the same pass as the
-    running row (which advances meanwhile: no pass of its own for the prompt), decodes from the
-    next round, and both produce what they produce alone. The scheduler reports the whole pass's
+    running row (which advances meanwhile: no pass of its own for the prompt), takes its first token
+    from that pass, and both produce what they produce alone. The scheduler reports the whole pass's
     size, the prompt's row included."""
     passes = record_passes(monkeypatch)
     scheduler = Scheduler(decoder)
@@ -458,8 +463,9 @@ def test_a_new_prompt_runs_in_the_running_rows_pass(decoder, monkeypatch):
         sizes.append(scheduler.pass_tokens)
     shared = passes[n_before]  # the first pass after the admission
     assert sizes == [sum(n for _, n in pass_) for pass_ in passes[n_before:]]  # what /metrics observes
-    assert (second.seq.slot.target, len(long_prompt) - 1) in shared  # the prompt minus its pending token
+    assert (second.seq.slot.target, len(long_prompt)) in shared  # the prompt, `pending` its last token
     assert (first.seq.slot.target, 1) in shared  # beside the running row
+    assert second.seq.stats.rounds[0].verified == 1  # its first round: the prompt's rest is not verified
     assert second.seq.stats.t_prefill > 0 and second.seq.stats.cached_tokens == 0
     assert out["a"] == decoder.generate(PROMPTS[1], CONFIGS[0], speculative=False).tokens
     assert out["b"] == decoder.generate(PROMPTS[3], CONFIGS[4], speculative=False).tokens
@@ -495,11 +501,11 @@ def test_draft_steps_run_together_and_each_row_leaves_at_its_own_k(model_only, m
     passes = draft_passes(monkeypatch)
     scheduler = Scheduler(model_only)
     active = [scheduler.admit(i, model_only.encode(MODEL_PROMPTS[i]), MODEL_CONFIGS[i]) for i in range(4)]
-    scheduler.step()  # the prompts' pass: nobody drafts yet
+    scheduler.step()  # the prompts ride in the rows of the first round (the draft catches up on them first)
     passes.clear()
-    scheduler.step()  # every row drafts: catch-up on the prompts, then K steps in lockstep
-    assert [len(p) for p in passes] == [4, 4, 3, 2]  # catch-ups, then step 1 (all), 2 (K >= 2), 3 (K = 3)
-    assert all(n <= 2 for p in passes[1:] for n in p)  # a draft step feeds one or two tokens
+    scheduler.step()  # every row drafts: K steps in lockstep
+    assert [len(p) for p in passes] == [4, 3, 2]  # step 1 (all), 2 (K >= 2), 3 (K = 3)
+    assert all(n <= 2 for p in passes for n in p)  # a draft step feeds one or two tokens (a catch-up's too)
     assert [a.seq.stats.rounds[-1].drafted for a in active] == [3, 2, 1, 3]
     out = {i: list(a.seq.tokens) for i, a in enumerate(active)}
     while scheduler.running:

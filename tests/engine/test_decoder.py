@@ -63,6 +63,31 @@ def test_greedy_text_equals_plain(decoder):
     assert spec.finish_reason == "length"
 
 
+def test_the_prompt_and_the_first_token_take_one_pass(decoder, monkeypatch):
+    """The prompt's rest (all but its last token, `pending`) runs in the row that yields the first
+    token: n plain tokens take n target passes, not a prompt pass and n steps. The tokens are the
+    old order's (the control: the prompt's own pass, then one-token steps, by hand); the pass's
+    share of the prompt counts as prefill, not as a verified token."""
+    from specdecode.engine import loop
+
+    passes = []
+    real = loop.forward_batch
+    monkeypatch.setattr(loop, "forward_batch", lambda rows: passes.append([len(r.tokens) for r in rows]) or real(rows))
+    prompt, n = "def f(x):", 6
+    ids = decoder.encode(prompt)
+    out = decoder.generate(prompt, GenerationConfig(max_new_tokens=n, sampling=GREEDY), speculative=False)
+    assert len(ids) > 3 and passes == [[len(ids)]] + [[1]] * (n - 1)
+    assert out.stats.rounds[0].verified == 1 and out.stats.t_prefill > 0
+    target = decoder.target
+    target.truncate(0)
+    target.forward(ids[:-1], n_logits=1)
+    by_hand, last = [], ids[-1]
+    for _ in range(n):
+        last = int(target.forward([last], n_logits=1)[0].argmax())
+        by_hand.append(last)
+    assert out.tokens == by_hand
+
+
 def test_stop_string_truncates_text(decoder):
     config = GenerationConfig(max_new_tokens=40, sampling=GREEDY, k=4)
     full = decoder.generate("x = ", config).text

@@ -24,15 +24,24 @@ from specdecode.drafters.model import ModelDrafter
 from specdecode.drafters.suffix import SuffixConfig, SuffixDrafter
 from specdecode.engine.config import GenerationConfig
 from specdecode.engine.decoder import SpeculativeDecoder
-from specdecode.engine.loop import generate_tokens
+from specdecode.engine.loop import new_sequence, prefill, start, step
+from specdecode.engine.sequence import Slot
 from specdecode.engine.stats import GenerationStats
 from tests.engine.test_sampling_exact import PROMPT, V, joint_p_value, pair  # noqa: F401 (a fixture)
 from tests.tiny import char_tokenizer, tiny_pair
 
 
 def run(target, drafters, prompt, config):
+    """Generate with the prompt's K/V already in the cache (as a prefix cache leaves it), so the first
+    round drafts a tree too: a round that feeds the prompt's rest is a chain (engine/loop.py)."""
     stats = GenerationStats()
-    tokens = [t for r in generate_tokens(target, drafters, prompt, config, frozenset(), stats) for t in r.tokens]
+    seq = new_sequence(Slot(target, tuple(drafters)), prompt, config, frozenset(), stats)
+    prefill(target, drafters, prompt)
+    start(seq, prompt[:-1])
+    assert not seq.unfed
+    tokens = []
+    while not seq.finished:
+        tokens += step([seq])[0].tokens
     return tokens, stats
 
 
