@@ -42,8 +42,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="on SIGTERM/SIGINT, how long queued and running requests may finish before they end "
                         "with a 503 (default 10; a second signal ends them at once)")
     p.add_argument("--keep-alive-seconds", type=positive_int, default=5,
-                   help="close a connection idle this long, or one that has not sent a complete request head "
-                        "(default 5)")
+                   help="close a connection idle this long, one that has not sent a complete request head "
+                        "within it, or one whose request body stalls that long (default 5)")
     p.set_defaults(func=run_serve)
 
 

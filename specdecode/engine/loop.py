@@ -274,9 +274,10 @@ def speculative_rounds(jobs: Seq[RoundJob], prefills: Seq[Row] = ()) -> list[Rou
     cost about the same each, as on a CPU; on a flat GPU curve it overprices such drafts, never
     underprices them.
 
-    A shared round without prompt tokens (pieces, or a row's rest) reports its cost (the pass and every row's verification) to the
-    rows' policies (`observe_batch`), and each lockstep draft step its cost by the rows in it
-    (`observe_draft_batch`): the batch's cost curves are measured where they are paid."""
+    A shared round without prompt tokens (pieces, or a row's rest) reports its cost (the pass and
+    every row's verification) to the rows' policies (`observe_batch`), and each lockstep draft step
+    its cost by the rows in it (`observe_draft_batch`): the batch's cost curves are measured where
+    they are paid."""
     tokens, expected, lockstep = 0, 0.0, ()
     shared = len(jobs) > 1 or bool(prefills)  # other rows in the pass
     prompts = bool(prefills) or any(job.unfed for job in jobs)  # prompt tokens in it (pieces, or a row's rest)

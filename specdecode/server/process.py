@@ -22,9 +22,10 @@ SHUTDOWN_MESSAGE = "the server is shutting down"
 
 class _H11(H11Protocol):
     """uvicorn times a connection out only between requests (timeout_keep_alive); one that never completes
-    a request head (a client that connects and says nothing, or sends its headers slowly) would be held
-    forever. Here the same timeout also applies from connecting, or from the last response, to a
-    complete request head."""
+    a request (a client that connects and says nothing, sends its headers slowly, or stops sending its
+    body) would be held forever. Here the same timeout also applies from connecting, or from the last
+    response, to a complete request head, and then to each piece of its body (a slow upload that keeps
+    sending is not cut; one that stalls is)."""
 
     _head_timer: asyncio.TimerHandle | None = None
 
@@ -38,7 +39,9 @@ class _H11(H11Protocol):
 
     def handle_events(self) -> None:
         super().handle_events()
-        if self._head_timer is not None and self._in_request():
+        if self._in_request() and self.cycle.more_body:  # its body is arriving: the clock restarts with each piece
+            self._arm_head_timer()
+        elif self._head_timer is not None and self._in_request():  # all of it is in: the app has it
             self._head_timer.cancel()
             self._head_timer = None
 
@@ -57,8 +60,12 @@ class _H11(H11Protocol):
 
     def _head_timeout(self) -> None:
         self._head_timer = None
-        if not self._in_request() and not self.transport.is_closing():
-            self.transport.close()
+        if self.transport.is_closing() or (self._in_request() and not self.cycle.more_body):
+            return
+        if self._in_request() and self.flow.read_paused:  # the app has not read what came: not the client's stall
+            self._arm_head_timer()
+            return
+        self.transport.close()  # the app, if it was reading the body, sees the client leave
 
 
 class _Server(uvicorn.Server):

@@ -388,15 +388,40 @@ def test_include_usage_sends_a_final_usage_chunk(server, kind):
     assert all(c.usage is None for c in chunks[:-1]) and chunks[-2].choices[0].finish_reason == "length"
 
 
-@pytest.mark.parametrize("sent", [b"", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"])
+@pytest.mark.parametrize("sent", [b"", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n",
+                                  b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                  b"Content-Length: 100\r\n\r\n{\"model\": "],
+                         ids=["nothing", "half-a-head", "half-a-body"])
 def test_idle_and_half_open_connections_are_closed(long_server, sent):
-    """--keep-alive-seconds 1: a client that connects and sends nothing, or half a request head, is cut off."""
+    """--keep-alive-seconds 1: a client that connects and sends nothing, half a request head, or a head and
+    then half its body, is cut off."""
     with socket.create_connection(("127.0.0.1", long_server.port)) as sock:
         sock.sendall(sent)
         sock.settimeout(5)
         t0 = time.time()
         assert sock.recv(100) == b""  # closed by the server
         assert time.time() - t0 < 4
+
+
+def test_a_slow_body_that_keeps_coming_is_served(long_server):
+    """The control: a body sent in pieces 0.4 s apart, 2 s in all (over --keep-alive-seconds 1), is not cut
+    off: the clock restarts with each piece of a body."""
+    body = json.dumps({"model": "tiny", "prompt": "ab", "max_tokens": 2}).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", long_server.port)) as sock:
+        sock.sendall(head)
+        step = len(body) // 5 + 1
+        t0 = time.time()
+        for i in range(0, len(body), step):
+            time.sleep(0.4)
+            sock.sendall(body[i:i + step])
+        assert time.time() - t0 >= 1.6
+        sock.settimeout(60)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
 
 
 # 6. shutdown
