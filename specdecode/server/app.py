@@ -126,10 +126,17 @@ def create_app(decoder: SpeculativeDecoder, model_id: str, max_queue: int = 16,
     async def health():
         return {"status": "ok", "model": model_id}
 
+    card = {"id": model_id, "object": "model", "created": 0, "owned_by": "specdecode"}
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": 0,
-                                            "owned_by": "specdecode"}]}
+        return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models/{name:path}")  # a path: model ids may hold slashes ("org/model")
+    async def model(name: str):
+        if name != model_id:
+            raise ApiError(404, f"no such model {name!r}; this server serves {model_id!r}", "model")
+        return card
 
     @app.get("/metrics")
     async def prometheus():

@@ -30,6 +30,9 @@ def engine(model_dirs):
 
 def test_models_and_health(server, client):
     assert [m.id for m in client.models.list().data] == ["tiny"]
+    assert client.models.retrieve("tiny") == client.models.list().data[0]
+    with pytest.raises(openai.NotFoundError, match="no such model 'org/other'; this server serves 'tiny'"):
+        client.models.retrieve("org/other")
     assert httpx.get(server.url + "/health").json()["status"] == "ok"
 
 
