@@ -162,6 +162,24 @@ class Message(_Strict):
     content: Text
     name: Any = None  # OpenAI's participant name: rejected below, the chat template has no place for it
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts(cls, v):
+        """OpenAI's content parts: text parts are joined with newlines (as vLLM does); other kinds refused."""
+        if not isinstance(v, list):
+            return v
+        texts = []
+        for i, part in enumerate(v):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text" or not isinstance(part.get("text"), str) or set(part) - {"type", "text"}:
+                of = f" (it has type {kind!r})" if isinstance(kind, str) and kind != "text" else ""
+                raise ValueError(f"part {i} is not a text part{of}: only parts {{\"type\": \"text\", \"text\": "
+                                 f"<a string>}} are supported")
+            texts.append(part["text"])
+        if not texts:
+            raise ValueError("an empty list of parts: give a string or at least one text part")
+        return "\n".join(texts)
+
     @field_validator("name", mode="before")
     @classmethod
     def _no_name(cls, v):

@@ -199,6 +199,12 @@ BAD = [
     ("chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "a"}], "user": {}}, "user"),
     ("chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "a", "name": "bob"}]},
      "messages.0.name"),
+    ("chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, "messages.0.content"),
+    ("chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": []}]}, "messages.0.content"),
+    ("chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]},
+     "messages.0.content"),
+    ("chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": ["a"]}]}, "messages.0.content"),
     ("completions", {"model": "tiny", "prompt": "a", "specdecode": {"k": 3, "speculative": False}}, "specdecode.k"),
     ("completions", {"model": "tiny", "prompt": "a", "specdecode": {"verification": "block", "speculative": False}},
      "specdecode.verification"),
@@ -226,6 +232,22 @@ def test_no_op_values_of_unsupported_fields_are_accepted(server):
     r = post(server, "chat/completions", {"model": "tiny", "max_tokens": 3, "user": None,
                                           "messages": [{"role": "user", "content": "a", "name": None}]})
     assert r.status_code == 200, r.text
+
+
+def test_text_parts_are_the_text_they_join_to(server):
+    """OpenAI's content parts: text parts read as their texts joined by newlines (as vLLM does); an image
+    part is a 400 that says only text parts are supported."""
+    base = {"model": "tiny", "max_tokens": 6, "temperature": 0}
+    parts = post(server, "chat/completions", {**base, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "ab"}, {"type": "text", "text": "cd"}]}]})
+    joined = post(server, "chat/completions", {**base, "messages": [{"role": "user", "content": "ab\ncd"}]})
+    assert parts.status_code == joined.status_code == 200, parts.text
+    assert parts.json()["choices"] == joined.json()["choices"]
+    assert parts.json()["usage"]["prompt_tokens"] == joined.json()["usage"]["prompt_tokens"]
+    err = assert_error(post(server, "chat/completions", {**base, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "ab"}, {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}),
+        400, "messages.0.content")
+    assert "part 1 is not a text part (it has type 'image_url'): only parts" in err["message"]
 
 
 def test_non_string_user_and_message_name_are_rejected_with_the_fix(server):
