@@ -19,6 +19,11 @@ DEFAULT_PREFILL_TOKENS = 256
 # alike under two reported seeds (the CLI's and the server's checks name their option with this bound)
 SEED_LIMIT = 2 ** 63
 
+# reproducible sampling's acceptance is its own rule, so no other chain rule may be asked for (the server's
+# check names the field with this message)
+REPRODUCIBLE_VERIFIES_BY_EQUALITY = ("reproducible sampling verifies by equality with the target's own choice: "
+                                     "leave verification at token")
+
 
 @dataclass(frozen=True, slots=True)
 class GenerationConfig:
@@ -49,7 +54,6 @@ class GenerationConfig:
         if not isinstance(self.reproducible, bool):
             raise ValueError(f"reproducible must be true or false, got {self.reproducible!r}")
         if self.reproducible and self.verification != "token":
-            raise ValueError("reproducible sampling verifies by equality with the target's own choice: "
-                             "leave verification at token")
+            raise ValueError(REPRODUCIBLE_VERIFIES_BY_EQUALITY)
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError("stop strings must be non-empty strings")

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from specdecode.engine.config import SEED_LIMIT
+from specdecode.engine.config import REPRODUCIBLE_VERIFIES_BY_EQUALITY, SEED_LIMIT
 
 
 
@@ -70,6 +70,8 @@ class SpecOptions(_Strict):
             if self.verification != "token":
                 raise FieldError("specdecode.verification", "verification applies to drafts, which need "
                                                             "speculation: drop verification or speculative: false")
+        if self.reproducible and self.verification != "token":  # GenerationConfig's rule, with its field named
+            raise FieldError("specdecode.verification", REPRODUCIBLE_VERIFIES_BY_EQUALITY)
         return self
 
 

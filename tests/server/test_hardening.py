@@ -208,6 +208,8 @@ BAD = [
     ("completions", {"model": "tiny", "prompt": "a", "specdecode": {"k": 3, "speculative": False}}, "specdecode.k"),
     ("completions", {"model": "tiny", "prompt": "a", "specdecode": {"verification": "block", "speculative": False}},
      "specdecode.verification"),
+    ("completions", {"model": "tiny", "prompt": "a", "specdecode": {"verification": "block", "reproducible": True}},
+     "specdecode.verification"),
 ]
 
 
