@@ -25,6 +25,9 @@ from specdecode.engine.stats import GenerationStats
 
 BASELINE = "plain"
 PLAIN_DECODERS = (BASELINE, "llama.cpp plain", "hf plain")  # the plain decoders a run may measure
+# how every method's name starts (Method checks it): `bench --methods` checks its prefixes against
+# these before the models load, a minute before the methods themselves exist
+FAMILIES = (BASELINE, "model ", "auto ", "lookup ", "hf ", "llama.cpp ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +56,10 @@ class Method:
     family: str  # "ours" or "hf"
     k: int | None  # fixed K, or None (adaptive / not applicable)
     run: Runner
+
+    def __post_init__(self) -> None:
+        if not self.name.startswith(FAMILIES):
+            raise ValueError(f"method {self.name!r} starts with none of FAMILIES {FAMILIES}: add its first word")
 
 
 def our_methods(target: HFModel, tokenizer, cheap_draft: HFModel | None, plain_draft: HFModel | None,

@@ -54,6 +54,16 @@ def writable_directory(path: str) -> Path:
     return out
 
 
+def check_method_prefixes(prefixes: list[str] | None) -> None:
+    """Refuse a --methods prefix that no method name can start with, before any model loads."""
+    from specdecode.bench.methods import FAMILIES
+
+    bad = [p for p in prefixes or () if not any(f.startswith(p.lower()) or p.lower().startswith(f) for f in FAMILIES)]
+    if bad:
+        raise ValueError(f"--methods: no method starts with {', '.join(map(repr, bad))}; method names start with "
+                         + ", ".join(f.strip() for f in FAMILIES))
+
+
 def select_methods(methods: list, prefixes: list[str] | None) -> list:
     """The methods named by `prefixes` (case-insensitive name prefixes), plus the baseline."""
     from specdecode.bench.methods import BASELINE
@@ -78,6 +88,7 @@ def run_bench(args: argparse.Namespace) -> int:
     from specdecode.engine.decoder import SpeculativeDecoder
 
     out = writable_directory(args.out)  # before the models load and hours of measuring, not after
+    check_method_prefixes(args.methods)
     quick = args.quick
     k_sweep = args.k_sweep or ([2, 4] if quick else list(range(1, 9)))
     if any(k < 1 for k in k_sweep):

@@ -215,6 +215,18 @@ def test_serve_checks_its_address_before_loading(capsys):
     assert rc == 2 and "--host no-such-host.invalid: cannot resolve it" in one_line(err)
 
 
+def test_bench_checks_its_method_names_before_loading(capsys, tmp_path):
+    """A --methods prefix no method can start with is refused at once (the target does not even exist);
+    "auto" and "llama.cpp p" pass this check (and "--target /nonexistent" fails next, the control)."""
+    rc, err = run(capsys, "bench", "--out", str(tmp_path / "r"), "--target", "/nonexistent", "--methods", "auto",
+                  "atuo")
+    assert rc == 2 and one_line(err).endswith("--methods: no method starts with 'atuo'; method names start with "
+                                              "plain, model, auto, lookup, hf, llama.cpp")
+    rc, err = run(capsys, "bench", "--out", str(tmp_path / "r"), "--target", "/nonexistent", "--methods", "Auto",
+                  "llama.cpp p", "model K=2")
+    assert rc == 2 and "--methods" not in one_line(err) and "'/nonexistent' does not exist" in one_line(err)
+
+
 def test_bench_checks_its_output_directory_before_loading(capsys, tmp_path):
     a_file = tmp_path / "results"
     a_file.write_text("")
