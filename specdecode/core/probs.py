@@ -62,6 +62,14 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     if params.greedy:
         return torch.zeros_like(x).scatter_(-1, top, 1.0)
 
+    # shifted by the row's top logit first: x / T alone overflows to inf (and softmax to NaN) for a
+    # small T (T = 1e-39 in float32); shifted, every entry is <= 0, the top one exactly 0, so any T > 0
+    # gives its law, down to the limit of a one-hot top (uniform over exact ties), as T -> 0 should.
+    # A T below the dtype's smallest normal number would itself round to 0 there: divide in float64.
+    dtype = x.dtype
+    x = x - x.gather(-1, top)
+    if params.temperature < torch.finfo(dtype).tiny:
+        x = x.double()
     x = x / params.temperature
     if params.top_k and params.top_k < x.shape[-1]:
         kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
@@ -73,7 +81,7 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         keep = probs >= params.min_p * probs.amax(dim=-1, keepdim=True)
         probs = probs * keep
         probs = probs / probs.sum(dim=-1, keepdim=True)
-    return probs
+    return probs.to(dtype)
 
 
 def greedy_token(logits: torch.Tensor) -> int:
@@ -120,7 +128,10 @@ def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """Keep the smallest most-likely set whose mass reaches top_p (at least one token)."""
     sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
     mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-    keep_sorted = mass_before < top_p  # the first token always has mass_before == 0
+    keep_sorted = mass_before < top_p
+    # the most likely token always stays: a top_p below the dtype's smallest float rounds to 0 in the
+    # comparison, which would keep nothing (and 0 / 0 is NaN)
+    keep_sorted[..., 0] = True
     keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
     kept = probs * keep
     return kept / kept.sum(dim=-1, keepdim=True)

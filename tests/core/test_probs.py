@@ -15,6 +15,26 @@ def test_temperature_one_is_softmax_and_scales():
     assert torch.allclose(logits_to_probs(LOGITS, SamplingParams(temperature=0.5)), torch.softmax(LOGITS / 0.5, 0))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("temperature", [1e-30, 1.2e-38, 5e-39, 1e-300, 5e-324])
+def test_a_tiny_temperature_gives_the_limit_of_one_hot_top_not_nan(dtype, temperature):
+    """As T -> 0 the law tends to the argmax (uniform over exact ties). A tiny T once gave NaN: logits / T
+    overflowed (and below float32's smallest normal number, T itself rounded to 0)."""
+    logits = torch.tensor([10.0, 30.0, 30.0, -20.0, float("-inf")], dtype=dtype)  # 30 / 1.2e-38 > float32 max
+    probs = logits_to_probs(logits, SamplingParams(temperature=temperature))
+    assert probs.dtype == dtype
+    assert probs.tolist() == [0.0, 0.5, 0.5, 0.0, 0.0]
+    distinct = logits_to_probs(LOGITS.to(dtype), SamplingParams(temperature=temperature, top_k=3, min_p=0.5))
+    assert distinct.tolist() == logits_to_probs(LOGITS.to(dtype), GREEDY).tolist()
+
+
+@pytest.mark.parametrize("top_p", [1e-45, 1e-300])
+def test_a_top_p_below_float32s_range_keeps_the_top_token(top_p):
+    """A top_p that rounds to 0 in float32 kept nothing (0 / 0: NaN); the most likely token always stays."""
+    probs = logits_to_probs(LOGITS.float(), SamplingParams(top_p=top_p))
+    assert probs.tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
+
+
 def test_greedy_is_one_hot_argmax():
     probs = logits_to_probs(LOGITS, GREEDY)
     assert probs.tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
