@@ -80,7 +80,9 @@ def create_app(decoder: SpeculativeDecoder, model_id: str, max_queue: int = 16,
         jobs.stop()
         tokenize_pool.shutdown(wait=False, cancel_futures=True)
 
-    app = FastAPI(title="specdecode", lifespan=lifespan)
+    # redirect_slashes off: "/v1/completions/" would get a bare 307 to a URL built from the Host header;
+    # a 404 in the OpenAI shape names the path instead
+    app = FastAPI(title="specdecode", lifespan=lifespan, redirect_slashes=False)
     app.state.metrics, app.state.jobs = metrics, jobs
     app.add_middleware(BodyLimit, limit=max_body_bytes, metrics=metrics)
 
@@ -119,26 +121,28 @@ def create_app(decoder: SpeculativeDecoder, model_id: str, max_queue: int = 16,
         elif exc.status_code == 405:
             message = f"method {request.method} is not allowed on {request.url.path}"
         elif exc.status_code == 400:  # FastAPI's "There was an error parsing the body" says nothing of why
-            message = "the request body could not be parsed as JSON (invalid UTF-8, or nested too deeply)"
+            message = ("the request body could not be parsed as JSON (invalid UTF-8, nested too deeply, or an "
+                       "integer of more than 4300 digits)")
         return error_response(exc.status_code, message, None, exc.headers)
 
-    @app.get("/health")
+    # HEAD beside GET on the read-only endpoints: load balancers health-check with HEAD
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         return {"status": "ok", "model": model_id}
 
     card = {"id": model_id, "object": "model", "created": 0, "owned_by": "specdecode"}
 
-    @app.get("/v1/models")
+    @app.api_route("/v1/models", methods=["GET", "HEAD"])
     async def models():
         return {"object": "list", "data": [card]}
 
-    @app.get("/v1/models/{name:path}")  # a path: model ids may hold slashes ("org/model")
+    @app.api_route("/v1/models/{name:path}", methods=["GET", "HEAD"])  # a path: model ids may hold slashes ("org/model")
     async def model(name: str):
         if name != model_id:
             raise ApiError(404, f"no such model {name!r}; this server serves {model_id!r}", "model")
         return card
 
-    @app.get("/metrics")
+    @app.api_route("/metrics", methods=["GET", "HEAD"])
     async def prometheus():
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 

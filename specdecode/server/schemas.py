@@ -10,6 +10,7 @@ no-op value and otherwise rejected with a 400 naming the field.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -82,10 +83,11 @@ class StreamOptions(_Strict):
 class _Common(_Strict):
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    # allow_inf_nan off: JSON's NaN would otherwise be reported as "should be less than or equal to 2"
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0, allow_inf_nan=False)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
     top_k: int = Field(default=0, ge=0)  # 0 = off
-    min_p: float = Field(default=0.0, ge=0.0, le=1.0)  # 0 = off
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0, allow_inf_nan=False)  # 0 = off
     stop: Text | list[Text] | None = None
     seed: int | None = None  # 0 .. 2^63 - 1 (engine.config.SEED_LIMIT: no two seeds sample alike); OpenAI: int64
     n: int = 1
@@ -103,7 +105,9 @@ class _Common(_Strict):
     def _no_op_only(cls, v, info: ValidationInfo):
         allowed = _NO_OP[info.field_name]
         if allowed is not None and not any(type(v) is type(a) and v == a for a in allowed):
-            raise ValueError(f"{info.field_name} is not supported (only {allowed[-1]!r} is accepted)")
+            values = [json.dumps(a) for a in allowed]
+            accepted = " or ".join([", ".join(values[:-1]), values[-1]] if len(values) > 2 else values)
+            raise ValueError(f"{info.field_name} is not supported: leave it out, or send {accepted} (which do nothing)")
         return v
 
     @field_validator("seed")

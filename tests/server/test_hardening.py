@@ -189,6 +189,9 @@ BAD = [
     ("completions", {"model": "tiny", "prompt": "a", "stream": "yes"}, "stream"),
     ("completions", {"model": "tiny", "prompt": "a", "specdecode": {"speculative": "off"}}, "specdecode.speculative"),
     ("completions", {"model": "tiny", "prompt": "a", "temperature": "1"}, "temperature"),
+    ("completions", '{"model": "tiny", "prompt": "a", "temperature": NaN}', "temperature"),
+    ("completions", '{"model": "tiny", "prompt": "a", "top_p": Infinity}', "top_p"),
+    ("completions", '{"model": "tiny", "prompt": "a", "min_p": NaN}', "min_p"),
     ("completions", {"model": "tiny", "prompt": "a", "frobnicate": 1}, "frobnicate"),
     ("completions", {"model": "tiny", "prompt": "a", "max_completion_tokens": 3}, "max_completion_tokens"),
     ("completions", {"model": "tiny", "prompt": "a", "stream_options": {"include_usage": True}}, "stream_options"),
@@ -216,6 +219,32 @@ BAD = [
 @pytest.mark.parametrize("path, body, param", BAD)
 def test_bad_input_is_a_400_naming_the_field(server, path, body, param):
     assert_error(post(server, path, body), 400, param)
+
+
+def test_json_nan_is_a_400_saying_finite_and_logprobs_says_what_does_nothing(server):
+    err = assert_error(post(server, "completions", '{"model": "tiny", "prompt": "a", "temperature": NaN}'), 400,
+                       "temperature")
+    assert "finite" in err["message"], err  # it said "should be less than or equal to 2"
+    err = assert_error(post(server, "chat/completions", {"model": "tiny", "logprobs": True,
+                                                         "messages": [{"role": "user", "content": "a"}]}),
+                       400, "logprobs")
+    assert "false" in err["message"], err  # chat's logprobs is a boolean; it said "only 0 is accepted"
+
+
+@pytest.mark.parametrize("speculative", [True, False])
+@pytest.mark.parametrize("field, value", [("temperature", 1e-300), ("temperature", 1.2e-38), ("top_p", 1e-300)])
+def test_a_vanishing_temperature_or_top_p_samples_the_greedy_text(server, field, value, speculative):
+    """Such values once made p NaN: a 500 that also ended every request batched beside it, or, with no
+    draft, a 200 with garbage. As T -> 0 (or top_p -> 0) the law becomes the greedy choice (the tiny
+    model has no exact ties), so the text must be greedy decoding's."""
+    body = {"model": "tiny", "prompt": "hello world this is", "max_tokens": 12, "seed": 3,
+            "specdecode": {"speculative": speculative}}
+    greedy = post(server, "completions", {**body, "temperature": 0})
+    assert greedy.status_code == 200, greedy.text
+    r = post(server, "completions", {**body, field: value, **({"specdecode": {"k": 4}} if speculative else {})})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == greedy.json()["choices"][0]["text"]
+    assert r.json()["usage"]["completion_tokens"] == greedy.json()["usage"]["completion_tokens"]
 
 
 def test_unknown_field_is_named(server):
@@ -379,6 +408,16 @@ def test_framework_errors_are_openai_shaped_and_counted(server):
     assert_error(post(server, "completions", b'{"model": "tiny", "prompt": "\xff"}'), 400)
     assert_error(post(server, "completions", "[" * 100_000), 400)
     assert server.metric("specdecode_requests_total") == before + 4
+    err = assert_error(post(server, "completions/", {"model": "tiny", "prompt": "a"}), 404)  # was a bare 307
+    assert "/v1/completions/" in err["message"], err
+
+
+@pytest.mark.parametrize("path", ["/health", "/v1/models", "/v1/models/tiny", "/metrics"])
+def test_read_only_endpoints_answer_head(server, path):
+    """Load balancers health-check with HEAD: it was a 405."""
+    r = httpx.head(server.url + path, timeout=10)
+    assert r.status_code == 200 and r.content == b"", (r.status_code, r.content)
+    assert r.headers["content-type"] == httpx.get(server.url + path, timeout=10).headers["content-type"]
 
 
 @pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "text/plain", None])
