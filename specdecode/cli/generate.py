@@ -11,6 +11,8 @@ from specdecode.core.probs import SamplingParams
 from specdecode.engine.config import DRAFTER_CHOICES, SEED_LIMIT, GenerationConfig
 from specdecode.engine.stats import GenerationStats
 
+MAX_BATCH = 256  # --max-batch: llama.cpp's limit on the sequences of one context (LLAMA_MAX_SEQ)
+
 STYLE = {"draft": "green", "alternative": "magenta", "correction": "yellow", "bonus": "bold cyan", "target": ""}
 
 
@@ -52,6 +54,11 @@ def _float_where(text: str, ok, what: str) -> float:
     if value is None or not ok(value):  # NaN fails every comparison, so every check
         raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
     return value
+
+
+def batch_size(text: str) -> int:
+    """argparse type: `--max-batch`, 0 (auto) to MAX_BATCH."""
+    return _int_in(text, 0, MAX_BATCH, f"an integer from 0 (auto) to {MAX_BATCH}")
 
 
 def port_number(text: str) -> int:

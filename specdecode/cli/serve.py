@@ -5,10 +5,17 @@ from __future__ import annotations
 import argparse
 import socket
 
-from specdecode.cli.generate import (add_model_args, load_decoder, non_negative_int, port_number, positive_int,
-                                     seconds)
+from specdecode.cli.generate import (add_model_args, batch_size, load_decoder, non_negative_int, port_number,
+                                     positive_int, seconds)
 from specdecode.cli.output import err_console
 from specdecode.engine.config import DEFAULT_PREFILL_TOKENS
+
+
+def model_name(text: str) -> str:
+    """argparse type: `--model-id`, the name clients send: not empty, no surrounding spaces."""
+    if not text.strip() or text != text.strip():
+        raise argparse.ArgumentTypeError(f"must be a non-empty name without surrounding spaces, got {text!r}")
+    return text
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -22,7 +29,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=port_number, default=8000, help="port (default 8000)")
     p.add_argument("--queue-size", type=positive_int, default=16, help="requests allowed to wait (then 429)")
-    p.add_argument("--max-batch", type=non_negative_int, default=0,
+    p.add_argument("--max-batch", type=batch_size, default=0,
                    help="requests decoded at once, continuous batching: one target pass per round for all "
                         "(default 0 = auto: 4 on llama.cpp, 1 on transformers; on llama.cpp each sequence's "
                         "context is then --n-ctx, or 32768 tokens shared out)")
@@ -35,7 +42,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "in pieces this size, so the streams already running pause for one piece at a time "
                         f"(default {DEFAULT_PREFILL_TOKENS}; smaller: steadier streams, a later first token for "
                         "long prompts)")
-    p.add_argument("--model-id", default=None, help="the model name clients send (default: the target's)")
+    p.add_argument("--model-id", type=model_name, default=None, help="the model name clients send (default: the target's)")
     p.add_argument("--max-body-bytes", type=positive_int, default=4 * 2 ** 20,
                    help="largest request body accepted (then 413; default 4 MiB)")
     p.add_argument("--drain-seconds", type=seconds, default=10,

@@ -113,7 +113,11 @@ def test_bad_device_is_one_line(capsys, model_dirs, device, message):
     (["rand7", "--seed", "-5"], "argument --seed: must be an integer from 0 to 2**63 - 1"),
     (["theory", "--c", "inf"], "argument --c: must be a finite number > 0, got 'inf'"),
     (["serve", "--drain-seconds", "-1"], "argument --drain-seconds: must be a finite number of seconds >= 0"),
-    (["serve", "--max-batch", "-1"], "argument --max-batch: must be an integer >= 0"),
+    (["serve", "--max-batch", "-1"], "argument --max-batch: must be an integer from 0 (auto) to 256"),
+    # above llama.cpp's 256 sequences; on transformers 100,000 slots were built for a minute and a half
+    (["serve", "--max-batch", "100000"], "argument --max-batch: must be an integer from 0 (auto) to 256"),
+    (["serve", "--model-id", ""], "argument --model-id: must be a non-empty name"),  # '' served as 'target'
+    (["serve", "--model-id", " m "], "argument --model-id: must be a non-empty name without surrounding spaces"),
 ])
 def test_usage_errors_are_one_line_and_exit_2(capsys, argv, message):
     rc, err = run(capsys, *argv)
