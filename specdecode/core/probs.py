@@ -34,14 +34,14 @@ class SamplingParams:
     min_p: float = 0.0  # drop tokens below min_p * max probability; 0 => off
 
     def __post_init__(self) -> None:
-        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) \
-                or self.temperature < 0:
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) \
+                or not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
-        if not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
-        if not isinstance(self.min_p, (int, float)) or not (0.0 <= self.min_p <= 1.0):
+        if isinstance(self.min_p, bool) or not isinstance(self.min_p, (int, float)) or not (0.0 <= self.min_p <= 1.0):
             raise ValueError(f"min_p must be in [0, 1] (0 = off), got {self.min_p!r}")
 
     @property

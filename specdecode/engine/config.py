@@ -31,7 +31,7 @@ class GenerationConfig:
     sampling: SamplingParams = SamplingParams(temperature=0.0)
     k: int | None = None  # drafts per round; None = adaptive K (plain decoding: speculative=False)
     seed: int = 0
-    stop: tuple[str, ...] = ()  # stop strings (text level)
+    stop: tuple[str, ...] = ()  # stop strings (text level); one str is one stop string, as in OpenAI's API
     # the exact verification rule (core.VERIFY_RULES): "token" (Leviathan et al.'s, token by
     # token) or "block" (Sun et al.'s, the draft judged as a whole: never fewer tokens per round)
     verification: str = "token"
@@ -55,5 +55,11 @@ class GenerationConfig:
             raise ValueError(f"reproducible must be true or false, got {self.reproducible!r}")
         if self.reproducible and self.verification != "token":
             raise ValueError(REPRODUCIBLE_VERIFIES_BY_EQUALITY)
-        if any(not isinstance(s, str) or not s for s in self.stop):
+        if not isinstance(self.sampling, SamplingParams):
+            raise TypeError(f"sampling must be a SamplingParams, got {type(self.sampling).__name__}")
+        stop = () if self.stop is None else (self.stop,) if isinstance(self.stop, str) else self.stop
+        if not isinstance(stop, (list, tuple)):  # a str is one stop string, not a sequence of characters
+            raise TypeError(f"stop must be a string or a list of strings, got {type(self.stop).__name__}")
+        if any(not isinstance(s, str) or not s for s in stop):
             raise ValueError("stop strings must be non-empty strings")
+        object.__setattr__(self, "stop", tuple(stop))  # frozen: normalised once, here

@@ -146,6 +146,9 @@ class SpeculativeDecoder:
         if draft is not None and not loads_draft:
             raise ValueError(f"--draft is a draft model, which --drafter {drafter} does not use (it loads none): "
                              f"drop --draft, or use --drafter auto or model")
+        if (draft_int8 or draft_vocab) and not loads_draft:
+            raise ValueError(f"--draft-int8/--draft-vocab shape a draft model, which --drafter {drafter} does not use: "
+                             f"drop them, or use --drafter auto or model")
         if draft_confidence and not loads_draft:
             raise ValueError(f"--draft-confidence ends a draft model's drafts, which --drafter {drafter} does not "
                              f"use: drop it, or use --drafter auto or model")
@@ -176,20 +179,19 @@ class SpeculativeDecoder:
 
     def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
         """Token ids of a prompt. Messages always use the chat template; text does when chat=True."""
+        _check_prompt(prompt)
+        if chat is not None and not isinstance(chat, bool):
+            raise TypeError(f"chat must be True, False or None, got {chat!r}")
         if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError("the prompt is empty")
             if not chat:
-                return list(self.tokenizer.encode(prompt))
+                return _some_tokens(list(self.tokenizer.encode(prompt)))
             prompt = [{"role": "user", "content": prompt}]
-        if not prompt:
-            raise ValueError("the prompt is an empty list of messages")
         if self.tokenizer.chat_template is None:
             raise ValueError("this tokenizer has no chat template; pass plain text without --chat")
         ids = self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True)
         if isinstance(ids, dict) or hasattr(ids, "keys"):  # some versions return a BatchEncoding
             ids = ids["input_ids"]
-        return list(ids)
+        return _some_tokens(list(ids))
 
     def stream(self, prompt: Prompt, config: GenerationConfig = GenerationConfig(), *, chat: bool | None = None,
                speculative: bool = True, stats: GenerationStats | None = None) -> Iterator[Chunk]:
@@ -199,6 +201,7 @@ class SpeculativeDecoder:
     def stream_ids(self, ids: Sequence[int], config: GenerationConfig = GenerationConfig(), *,
                    speculative: bool = True, stats: GenerationStats | None = None) -> Iterator[Chunk]:
         """`stream` for a prompt that is already token ids."""
+        _check_request(config, speculative)
         stats = stats if stats is not None else GenerationStats()
         rounds = self._rounds(list(ids), config, stats, speculative)
         text = TextAssembler(self.tokenizer, config.stop, stats)
@@ -214,6 +217,7 @@ class SpeculativeDecoder:
     def generate_ids(self, ids: Sequence[int], config: GenerationConfig = GenerationConfig(), *,
                      stats: GenerationStats | None = None, speculative: bool = True) -> list[int]:
         """Token ids in, generated token ids out (no text processing, no stop strings)."""
+        _check_request(config, speculative)
         stats = stats if stats is not None else GenerationStats()
         return [t for rnd in self._rounds(list(ids), config, stats, speculative) for t in rnd.tokens]
 
@@ -235,7 +239,7 @@ class SpeculativeDecoder:
         results in the prompts' order. Each output has the law it has alone."""
         from specdecode.engine.scheduler import generations
 
-        ids, configs = self._requests(prompts, configs, chat)
+        ids, configs = self._requests(prompts, configs, chat, speculative)
         return generations(self, ids, configs, speculative)
 
     def stream_many(self, prompts: Sequence[Prompt], configs: GenerationConfig | Sequence[GenerationConfig]
@@ -245,15 +249,17 @@ class SpeculativeDecoder:
         each prompt's chunks arrive in order. `stats` (optional): one per prompt, filled in."""
         from specdecode.engine.scheduler import stream_batch
 
-        ids, configs = self._requests(prompts, configs, chat)
+        ids, configs = self._requests(prompts, configs, chat, speculative)
         return stream_batch(self, ids, configs, speculative, stats)
 
-    def _requests(self, prompts, configs, chat) -> tuple[list[list[int]], list[GenerationConfig]]:
+    def _requests(self, prompts, configs, chat, speculative) -> tuple[list[list[int]], list[GenerationConfig]]:
         if isinstance(prompts, (str, dict)) or not isinstance(prompts, Sequence):
             raise ValueError("generate_many/stream_many take a list of prompts (for one prompt use generate/stream)")
         if isinstance(configs, GenerationConfig):
             configs = [configs] * len(prompts)
         configs = list(configs)
+        for config in configs:
+            _check_request(config, speculative)
         if len(configs) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(configs)} configs: give one config per prompt "
                              f"or one for all")
@@ -289,7 +295,7 @@ def generate(prompt: Prompt, target: str | None = None, draft: str | None = None
              backend: str = "auto", dtype: str = "auto", device: str = "auto") -> Generation:
     """One call: load the pair (None = embedded) and generate; k=None is adaptive K.
     For many calls, build a SpeculativeDecoder once."""
-    config = GenerationConfig(max_new_tokens=max_new_tokens, k=k, seed=seed, stop=tuple(stop),
+    config = GenerationConfig(max_new_tokens=max_new_tokens, k=k, seed=seed, stop=stop,
                               sampling=SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k))
     decoder = SpeculativeDecoder.load(target, draft, backend=backend, dtype=dtype, device=device,
                                       speculative=speculative)
@@ -480,3 +486,49 @@ def _find_stop(text: str, stops: tuple[str, ...], start: int) -> int | None:
         if i != -1 and (best is None or i < best):
             best = i
     return best
+
+
+def _check_request(config, speculative) -> None:
+    """The arguments every generation takes, of the types it reads (a dict for a config failed later
+    with an AttributeError; speculative="no" was truthy)."""
+    if not isinstance(config, GenerationConfig):
+        raise TypeError(f"config must be a GenerationConfig, got {type(config).__name__}: build one with "
+                        f"GenerationConfig(max_new_tokens=..., ...)")
+    if not isinstance(speculative, bool):
+        raise TypeError(f"speculative must be True or False, got {speculative!r}")
+
+
+def _check_prompt(prompt) -> None:
+    """A prompt is non-empty text or a non-empty list of messages {"role": str, "content": str}, all of
+    it valid Unicode: anything else would fail deep in the tokenizer with a message about its types."""
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        _check_text(prompt, "the prompt")
+        return
+    if isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, (list, tuple)):
+        raise TypeError(f"a prompt is text (str) or a list of chat messages, got {type(prompt).__name__}; for "
+                        f"token ids use stream_ids() or generate_ids()")
+    if not prompt:
+        raise ValueError("the prompt is an empty list of messages")
+    for i, message in enumerate(prompt):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str) \
+                or not isinstance(message.get("content"), str):
+            raise TypeError(f"message {i} must be a dict with a string 'role' and a string 'content', "
+                            f"got {message!r}"[:300])
+        _check_text(message["content"], f"message {i}'s content")
+
+
+def _check_text(text: str, what: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate: from invalid UTF-8 in argv (surrogateescape)
+        raise ValueError(f"{what} is not valid UTF-8 (it holds {text[exc.start:exc.end]!r} at character "
+                         f"{exc.start}): give it as UTF-8 text") from None
+
+
+def _some_tokens(ids: list[int]) -> list[int]:
+    if not ids:
+        raise ValueError("the prompt gives no tokens with this model's tokenizer (it drops every character "
+                         "of it): give text the tokenizer keeps")
+    return ids

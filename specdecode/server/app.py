@@ -255,12 +255,9 @@ def _body_error(err: dict, content_type: str | None) -> str:
 def _encode(decoder: SpeculativeDecoder, prompt, chat: bool) -> list[int]:
     param = "messages" if chat else "prompt"
     try:
-        ids = decoder.encode(prompt, chat)
-    except ValueError as exc:
-        raise ApiError(400, str(exc), param) from None
-    if not ids:
-        raise ApiError(400, f"{param}: the prompt is empty after tokenization (0 tokens)", param)
-    return ids
+        return decoder.encode(prompt, chat)
+    except ValueError as exc:  # e.g. a prompt of which the tokenizer keeps nothing
+        raise ApiError(400, f"{param}: {exc}", param) from None
 
 
 def _config(decoder: SpeculativeDecoder, body, ids: list[int], chat: bool) -> GenerationConfig:

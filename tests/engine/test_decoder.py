@@ -159,6 +159,40 @@ def test_bad_input(decoder, call, match):
         call(decoder)
 
 
+@pytest.mark.parametrize("call, error, match", [
+    # each once failed deep inside with a message about something else, or not at all
+    (lambda d: d.generate("hi", {"max_new_tokens": 3}), TypeError, "config must be a GenerationConfig"),
+    (lambda d: d.generate("hi", SAMPLED, speculative="no"), TypeError, "speculative must be True or False"),
+    (lambda d: d.generate("hi", SAMPLED, chat="yes"), TypeError, "chat must be True, False or None"),
+    (lambda d: d.generate(b"hi", SAMPLED), TypeError, "stream_ids"),
+    (lambda d: d.generate(123, SAMPLED), TypeError, "text .str. or a list of chat messages"),
+    (lambda d: d.generate([{}], SAMPLED), TypeError, "message 0 must be a dict with a string 'role'"),
+    (lambda d: d.generate([{"role": "user", "content": 5}], SAMPLED), TypeError, "message 0"),
+    (lambda d: d.generate("a\udcffb", SAMPLED), ValueError, "not valid UTF-8"),
+    (lambda d: d.generate([{"role": "user", "content": "\ud800"}], SAMPLED), ValueError, "message 0's content"),
+    (lambda d: d.generate_many(["a", "b"], [{}, {}]), TypeError, "config must be a GenerationConfig"),
+    (lambda d: GenerationConfig(sampling={"temperature": 1}), TypeError, "sampling must be a SamplingParams"),
+    (lambda d: GenerationConfig(stop=5), TypeError, "stop must be a string or a list of strings"),
+    (lambda d: SamplingParams(temperature=True), ValueError, "temperature"),
+])
+def test_wrong_types_are_named(decoder, call, error, match):
+    with pytest.raises(error, match=match):
+        call(decoder)
+
+
+def test_one_stop_string_is_one_stop_not_its_characters(decoder):
+    """stop="ab" once stopped at the first "a" (the string was iterated); None was a TypeError."""
+    assert GenerationConfig(stop="ab").stop == ("ab",) and GenerationConfig(stop=None).stop == ()
+    assert GenerationConfig(stop=["ab", "c"]).stop == ("ab", "c")
+    config = GenerationConfig(max_new_tokens=40, sampling=GREEDY, k=4)
+    full = decoder.generate("x = ", config).text
+    # a pair first seen at i whose characters both occur before i: cut at its characters, the text ends sooner
+    i = next(i for i in range(1, len(full) - 2)
+             if full.find(full[i:i + 2]) == i and full[i] in full[:i] and full[i + 1] in full[:i])
+    cut = decoder.generate("x = ", GenerationConfig(max_new_tokens=40, sampling=GREEDY, k=4, stop=full[i:i + 2])).text
+    assert cut == full[:i]
+
+
 def test_incompatible_vocabularies():
     tok = char_tokenizer()
     a = HFModel(tiny_model(VOCAB, seed=1), "a")
