@@ -10,7 +10,10 @@ and the time is measured inside the child around the generation alone.
 from __future__ import annotations
 
 import multiprocessing as mp
+import signal
+import threading
 import traceback
+from contextlib import contextmanager
 from typing import Callable
 
 from specdecode.bench.methods import Method, RunResult
@@ -28,7 +31,8 @@ class MethodWorker:
         ctx = mp.get_context("spawn")  # a fresh interpreter: no inherited thread pools
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_serve, args=(child, builder, kwargs), daemon=True)
-        self._proc.start()
+        with _sigint_ignored():  # Ctrl-C is the parent's to handle: the child would print a traceback
+            self._proc.start()
         child.close()
         self.specs, self.info = self._recv()  # specs: (name, family, k) of each method
 
@@ -56,6 +60,21 @@ class MethodWorker:
             self._proc.join(timeout=30)
         if self._proc.is_alive():
             self._proc.kill()
+
+
+@contextmanager
+def _sigint_ignored():
+    """SIGINT ignored while a child starts: an ignored signal stays ignored across exec, and Python
+    keeps it so, so the terminal's Ctrl-C (sent to the whole process group) reaches the parent alone,
+    which ends and takes its daemon children with it."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread sets handlers
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _serve(conn, builder: Builder, kwargs: dict) -> None:

@@ -46,6 +46,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 def writable_directory(path: str) -> Path:
     """`path` as a directory we can write to, created if needed; OSError (exit 1, one line) otherwise."""
+    if not path.strip():  # Path("") is the current directory: the results would land there unasked
+        raise ValueError("--out is empty: give the directory for results.json, results.md and speedup.png")
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)  # FileExistsError for a file, PermissionError, ...
     probe = out / ".specdecode-write-test"
@@ -54,14 +56,33 @@ def writable_directory(path: str) -> Path:
     return out
 
 
-def check_method_prefixes(prefixes: list[str] | None) -> None:
-    """Refuse a --methods prefix that no method name can start with, before any model loads."""
+def check_method_prefixes(prefixes: list[str] | None, switched_off: dict[str, str] | None = None) -> None:
+    """Refuse a --methods prefix that no method name can start with, or only methods of a family
+    this run leaves out (`switched_off`: family -> the flag that brings it in), before any model loads."""
     from specdecode.bench.methods import FAMILIES
 
-    bad = [p for p in prefixes or () if not any(f.startswith(p.lower()) or p.lower().startswith(f) for f in FAMILIES)]
+    def families(p: str) -> list[str]:
+        return [f for f in FAMILIES if f.startswith(p.lower()) or p.lower().startswith(f)]
+
+    bad = [p for p in prefixes or () if not families(p)]
     if bad:
         raise ValueError(f"--methods: no method starts with {', '.join(map(repr, bad))}; method names start with "
                          + ", ".join(f.strip() for f in FAMILIES))
+    for p in prefixes or ():
+        off = [switched_off[f] for f in families(p) if f in (switched_off or {})]
+        if len(off) == len(families(p)):
+            raise ValueError(f"--methods {p}: these methods are off in this run; add {' or '.join(off)}")
+
+
+def check_model_options(args: argparse.Namespace) -> None:
+    """Draft options that bench would not read (its methods fix their drafters): refused, not ignored."""
+    given = [flag for flag, on in (("--drafter", args.drafter != "auto"), ("--draft-confidence", args.draft_confidence),
+                                   ("--draft-int8/--no-draft-int8", args.draft_int8 is not None),
+                                   ("--draft-vocab", args.draft_vocab is not None), ("--recalibrate", args.recalibrate))
+             if on]
+    if given:
+        raise ValueError(f"{given[0]} has no effect on bench: each method fixes its drafter and settings (pick "
+                         f"methods with --methods); drop it")
 
 
 def select_methods(methods: list, prefixes: list[str] | None) -> list:
@@ -88,6 +109,7 @@ def run_bench(args: argparse.Namespace) -> int:
     from specdecode.engine.decoder import SpeculativeDecoder
 
     out = writable_directory(args.out)  # before the models load and hours of measuring, not after
+    check_model_options(args)
     check_method_prefixes(args.methods)
     quick = args.quick
     k_sweep = args.k_sweep or ([2, 4] if quick else list(range(1, 9)))
@@ -106,6 +128,10 @@ def run_bench(args: argparse.Namespace) -> int:
     with_llama = args.llama_cpp if args.llama_cpp is not None else is_gguf(args.target) and device == "cpu"
     if with_llama and not is_gguf(args.target):
         raise ValueError("--llama-cpp needs a GGUF target (llama.cpp runs GGUF files)")
+    if args.target is None or Path(args.target).exists():  # else loading names the missing path, the first fix
+        check_method_prefixes(args.methods, {family: flag for family, flag, on in
+                                             (("hf ", "--hf", with_hf), ("llama.cpp ", "--llama-cpp", with_llama))
+                                             if not on})
     # The parent only tokenises: every engine runs in its own process (their thread pools collide).
     helper = SpeculativeDecoder.load(args.target, drafter="lookup", backend=backend, dtype=args.dtype,
                                      device=device, speculative=False, n_ctx=256 if backend == "llama.cpp" else 0,

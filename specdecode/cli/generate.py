@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from specdecode.cli.output import console, emit_json, err_console, table
+from specdecode.cli.output import console, emit_json, err_console, table, write_text
 from specdecode.core import VERIFY_RULES
 from specdecode.core.probs import SamplingParams
 from specdecode.engine.config import DRAFTER_CHOICES, SEED_LIMIT, GenerationConfig
@@ -173,11 +173,18 @@ def run_generate(args: argparse.Namespace) -> int:
     if not speculative:  # options that only speculation reads: refuse them rather than ignore them
         unused = [flag for flag, given in (("--compare", args.compare), ("--k", args.k is not None),
                                            ("--show-drafts", args.show_drafts), ("--tree", args.tree > 0),
-                                           ("--verify block", args.verify != "token"))
+                                           ("--verify block", args.verify != "token"),
+                                           (f"--drafter {args.drafter}", args.drafter != "auto"),
+                                           ("--draft-confidence", args.draft_confidence > 0),
+                                           ("--draft-int8/--no-draft-int8", args.draft_int8 is not None),
+                                           ("--draft-vocab", args.draft_vocab is not None))
                   if given]
         if unused:
             raise ValueError(f"{unused[0]} has no effect with --no-spec (plain decoding drafts nothing): "
                              f"drop one of the two")
+    if args.json and args.show_drafts:
+        raise ValueError("--show-drafts colours the printed text, which --json does not print (its stats.k_per_round "
+                         "and accepted counts say the same): drop one of the two")
     decoder = load_decoder(args, speculative=speculative or args.compare)
     stats = GenerationStats()
     t0 = time.perf_counter()
@@ -190,7 +197,7 @@ def run_generate(args: argparse.Namespace) -> int:
         if args.show_drafts:
             _print_coloured(decoder, tokens, chunk)
         else:
-            console.print(chunk.text, end="", markup=False, highlight=False, soft_wrap=True)
+            write_text(chunk.text)
         tokens += chunk.tokens
     wall = time.perf_counter() - t0
     text = "".join(pieces)
@@ -221,14 +228,17 @@ def _ratio(spec: GenerationStats, base: GenerationStats) -> float:
 
 
 def _print_coloured(decoder, before: list[int], chunk) -> None:
-    """Print each token of the chunk in the colour of its source."""
+    """Print the chunk's text, each token's share in the colour of its source. The text printed is
+    the chunk's own, so it ends where a stop string cut it (the last token's text may run past it)."""
     prefix = decoder.tokenizer.decode(before, skip_special_tokens=True)
-    ids = list(before)
+    ids, left = list(before), chunk.text
     for tok, src in zip(chunk.tokens, chunk.sources):
         ids.append(tok)
         text = decoder.tokenizer.decode(ids, skip_special_tokens=True)
-        piece, prefix = text[len(prefix):], text
-        console.print(piece, style=STYLE[src] or None, end="", markup=False, highlight=False, soft_wrap=True)
+        n, prefix = len(text) - len(prefix), text
+        piece, left = left[:n], left[n:]
+        write_text(piece, STYLE[src] or None)
+    write_text(left)  # empty unless the decoded pieces fall short of the chunk's text
 
 
 def _print_stats(stats: GenerationStats, speculative: bool) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from specdecode import __version__
@@ -36,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = argv  # recorded in reports (e.g. the benchmark's command line)
     try:
         return args.func(args)
+    except BrokenPipeError:  # the reader left (`specdecode generate ... | head -1`): nothing to say to it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush cannot fail again
+        return 1
     except ValueError as exc:  # bad input: options, model files, prompts (every layer raises these)
         print_error(str(exc))
         return 2

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import sys
 from typing import Any, Sequence
 
 from rich.console import Console
 from rich.markup import escape
+from rich.style import Style
 from rich.table import Table
 
 console = Console()
@@ -36,4 +38,22 @@ def print_error(message: str) -> None:
 
 
 def emit_json(payload: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(payload, indent=None, default=float) + "\n")
+    stdout().write(json.dumps(payload, indent=None, default=float) + "\n")
+
+
+def write_text(text: str, style: str | None = None) -> None:
+    """Generated text on stdout exactly as generated: rich's print expands tabs, drops control
+    characters such as \\r and turns ":x:" into an emoji. A style (rich's words: "green") colours it
+    with ANSI codes when stdout is a terminal that shows colour."""
+    if style and console.is_terminal and console.color_system:
+        text = Style.parse(style).render(text)
+    out = stdout()
+    out.write(text)
+    out.flush()
+
+
+def stdout():
+    """sys.stdout, or an OSError naming the problem when it was closed (`specdecode ... >&-`)."""
+    if sys.stdout is None:
+        raise OSError(errno.EBADF, "standard output is closed: give the command somewhere to write")
+    return sys.stdout

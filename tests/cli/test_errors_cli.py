@@ -194,6 +194,15 @@ def test_serve_flags_are_checked_before_loading(argv, message, capsys):
     (["--drafter", "lookup", "--draft", "/nonexistent"],
      "--draft is a draft model, which --drafter lookup does not use"),
     (["--drafter", "suffix", "--draft-confidence", "0.5"], "--draft-confidence ends a draft model's drafts"),
+    # each of these once ran, reading nothing of the option
+    (["--no-spec", "--draft-confidence", "0.5"], "--draft-confidence has no effect with --no-spec"),
+    (["--no-spec", "--drafter", "lookup"], "--drafter lookup has no effect with --no-spec"),
+    (["--no-spec", "--draft-vocab", "5"], "--draft-vocab has no effect with --no-spec"),
+    (["--backend", "transformers", "--drafter", "lookup", "--draft-vocab", "5"],
+     "--draft-int8/--draft-vocab shape a draft model"),
+    (["--backend", "transformers", "--drafter", "suffix", "--draft-int8"],
+     "--draft-int8/--draft-vocab shape a draft model"),
+    (["--json", "--show-drafts"], "--show-drafts colours the printed text, which --json does not print"),
 ])
 def test_options_that_would_be_ignored_are_refused(capsys, argv, message):
     """Refused before any model loads (no --target here: loading would take the embedded pair)."""
@@ -236,3 +245,30 @@ def test_bench_checks_its_output_directory_before_loading(capsys, tmp_path):
     a_file.write_text("")
     rc, err = run(capsys, "bench", "--out", str(a_file), "--target", "/nonexistent")
     assert rc == 1 and str(a_file) in one_line(err)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--drafter", "lookup"], "--drafter has no effect on bench"),
+    (["--draft-confidence", "0.3"], "--draft-confidence has no effect on bench"),
+    (["--draft-vocab", "9"], "--draft-vocab has no effect on bench"),
+    (["--recalibrate"], "--recalibrate has no effect on bench"),
+])
+def test_bench_refuses_draft_options_it_would_not_read(capsys, tmp_path, argv, message):
+    rc, err = run(capsys, "bench", "--out", str(tmp_path / "r"), "--target", "/nonexistent", *argv)
+    assert rc == 2 and message in one_line(err)
+
+
+def test_bench_refuses_an_empty_out_and_switched_off_methods(capsys, tmp_path, model_dirs, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rc, err = run(capsys, "bench", "--out", "", "--target", "/nonexistent")  # it wrote into the current directory
+    assert rc == 2 and "--out is empty" in one_line(err) and not list(tmp_path.iterdir())
+    rc, err = run(capsys, "bench", "--out", "r", "--target", model_dirs[0], "--draft", model_dirs[1], "--no-hf",
+                  "--methods", "hf")  # it loaded the models first, then said no method starts with 'hf'
+    assert rc == 2 and "--methods hf: these methods are off in this run; add --hf" in one_line(err)
+
+
+def test_an_invalid_utf8_prompt_is_one_line(capsys, model_dirs):
+    """argv holds invalid UTF-8 as lone surrogates (surrogateescape): the tokenizer raised a TypeError."""
+    rc, err = run(capsys, "generate", "a\udcffb", "--target", model_dirs[0], "--draft", model_dirs[1],
+                  "--dtype", "float32", "--max-new-tokens", "4")
+    assert rc == 2 and "the prompt is not valid UTF-8" in one_line(err)

@@ -84,3 +84,72 @@ def test_no_spec(capsys, model_dirs):
 def test_bad_input_is_one_clear_line(capsys, model_dirs, extra, message):
     rc, out = gen(capsys, model_dirs, *extra)
     assert rc == 2 and message in out.err and "Traceback" not in out.err
+
+
+def test_text_is_printed_exactly_as_generated(capsys):
+    """rich's print expanded tabs, dropped \\r and bells, and turned ":x:" into an emoji."""
+    from specdecode.cli.output import write_text
+    text = "a\tb\r\n:x: \x07[bold]z[/] \u00e9"
+    write_text(text)
+    write_text(text, "green")  # not a terminal: no colour codes either
+    assert capsys.readouterr().out == text + text
+
+
+def test_show_drafts_prints_the_text_a_stop_string_cut(capsys, model_dirs):
+    """--show-drafts printed the text of the chunk's tokens, the one that holds a stop string's start
+    included, so the stop string's first characters appeared."""
+    rc, out = gen(capsys, model_dirs, "--json")
+    full = json.loads(out.out.strip().splitlines()[-1])["text"]
+    i = next(i for i in range(3, len(full) - 3) if full.find(full[i:i + 3]) == i)
+    for flags in ([], ["--show-drafts"]):
+        rc, out = gen(capsys, model_dirs, "--stop", full[i:i + 3], *flags)
+        assert rc == 0 and out.out == full[:i] + "\n", (flags, out.out, full[:i])
+
+
+def _cli(*argv, **kw):
+    import subprocess
+    import sys
+    return subprocess.Popen([sys.executable, "-m", "specdecode", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+@pytest.mark.parametrize("when", ["importing", "generating"])
+def test_ctrl_c_is_one_line_not_a_traceback(model_dirs, when):
+    import signal
+    import time
+    proc = _cli("generate", "def f(x):", "--target", model_dirs[0], "--draft", model_dirs[1], "--dtype", "float32",
+                "--max-new-tokens", "200", "--k", "2")
+    if when == "generating":
+        proc.stdout.read(1)  # the first text is out: the model is loaded and generating
+    else:
+        time.sleep(0.3)  # importing torch and transformers takes seconds
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "interrupted" and "Traceback" not in err, err
+
+
+def test_ctrl_c_in_bench_stops_its_workers_without_tracebacks(model_dirs, tmp_path):
+    import signal
+    import time
+    proc = _cli("bench", "--target", model_dirs[0], "--draft", model_dirs[1], "--dtype", "float32", "--sets",
+                "codegen", "--prompts-per-set", "6", "--modes", "greedy", "--k-sweep", "2", "--reps", "3",
+                "--max-new-tokens", "32", "--no-hf", "--out", str(tmp_path / "b"))
+    time.sleep(8)  # the method worker (a child process) is loading or measuring
+    proc.send_signal(signal.SIGINT)  # as a terminal's Ctrl-C, to the parent (the child ignores it)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert not (tmp_path / "b" / "results.json").exists()
+
+
+def test_closed_or_broken_stdout_is_no_traceback(model_dirs):
+    import subprocess
+    import sys
+    base = [sys.executable, "-m", "specdecode", "generate", "def f(x):", "--target", model_dirs[0], "--draft",
+            model_dirs[1], "--dtype", "float32", "--max-new-tokens", "24"]
+    closed = subprocess.run(["bash", "-c", " ".join(map(repr, base)) + " --json >&-"], capture_output=True, text=True,
+                            timeout=120)  # it was an AttributeError traceback
+    assert closed.returncode == 1 and "standard output is closed" in closed.stderr, closed.stderr
+    assert "Traceback" not in closed.stderr
+    piped = subprocess.run(["bash", "-c", " ".join(map(repr, base)) + " | head -c 1"], capture_output=True,
+                           text=True, timeout=120)
+    assert "Traceback" not in piped.stderr and "Error" not in piped.stderr, piped.stderr
