@@ -84,9 +84,18 @@ class AuditReport:
     def control_detected(self) -> bool | None:
         return None if self.control is None else not self.control.passed
 
+    @property
+    def verdict(self) -> str:
+        """"fail" if a check failed; "inconclusive" if none did but the broken control rule went unseen
+        too (too few samples to see a defect of its size); "pass" otherwise."""
+        if not self.passed:
+            return "fail"
+        return "inconclusive" if self.control_detected is False else "pass"
+
     def to_dict(self) -> dict:
         law = [{**asdict(c), "passed": c.passed} for c in self.law_checks]
-        return {"passed": self.passed, "sampling": asdict(self.sampling), "config": asdict(self.config),
+        return {"verdict": self.verdict, "passed": self.passed, "sampling": asdict(self.sampling),
+                "config": asdict(self.config),
                 "law_checks": law, "greedy_checks": [asdict(c) for c in self.greedy_checks],
                 "control": None if self.control is None else {**asdict(self.control),
                                                               "detected": self.control_detected},

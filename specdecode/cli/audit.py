@@ -43,6 +43,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_audit_cmd)
 
 
+# exit statuses by verdict: an audit that could not see its own negative control has not shown exactness
+EXIT = {"pass": 0, "fail": 1, "inconclusive": 3}
+
+
 def run_audit_cmd(args: argparse.Namespace) -> int:
     from specdecode.audit import AuditConfig, run_audit
     from specdecode.core.probs import SamplingParams
@@ -60,7 +64,7 @@ def run_audit_cmd(args: argparse.Namespace) -> int:
                        progress=not args.json, neighbours=neighbours)
     if args.json:
         emit_json(report.to_dict())
-        return 0 if report.passed else 1
+        return EXIT[report.verdict]
     rows = [[c.name, "PASS" if c.passed else "FAIL", f"{c.p_value:.3g}", f"{c.level:.2g}", c.samples,
              f"{c.tv:.3f}", f"{c.tv_bound:.3f}", f"{c.seconds:.1f}"] for c in report.law_checks]
     batched = ", batched beside 2 sequences" if args.batched else ""
@@ -73,7 +77,9 @@ def run_audit_cmd(args: argparse.Namespace) -> int:
     verdict = "[green]detected[/] (the audit has power)" if report.control_detected else \
         "[yellow]NOT detected[/]: raise --samples for more power"
     console.print(f"negative control {c.name}: p-value {c.p_value:.3g} at level {c.level:.2g}: {verdict}")
-    console.print(f"overall: {'[green]PASS[/]' if report.passed else '[red]FAIL[/]'}; false-failure "
+    overall = {"pass": "[green]PASS[/]", "fail": "[red]FAIL[/]",
+               "inconclusive": "[yellow]INCONCLUSIVE[/] (no check failed, but the control was not detected either)"}
+    console.print(f"overall: {overall[report.verdict]}; false-failure "
                   f"probability <= {config.level:g} (Bonferroni over {len(report.law_checks)} tests); "
                   f"{report.seconds:.0f} s")
-    return 0 if report.passed else 1
+    return EXIT[report.verdict]
