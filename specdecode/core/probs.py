@@ -66,11 +66,12 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     # small T (T = 1e-39 in float32); shifted, every entry is <= 0, the top one exactly 0, so any T > 0
     # gives its law, down to the limit of a one-hot top (uniform over exact ties), as T -> 0 should.
     # A T below the dtype's smallest normal number would itself round to 0 there: divide in float64.
+    # (One new tensor, divided in place: each further V-sized temporary costs page faults, 0.3 ms a row.)
     dtype = x.dtype
-    x = x - x.gather(-1, top)
+    x = torch.sub(x, x.gather(-1, top))
     if params.temperature < torch.finfo(dtype).tiny:
         x = x.double()
-    x = x / params.temperature
+    x.div_(params.temperature)
     if params.top_k and params.top_k < x.shape[-1]:
         kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, float("-inf"))
@@ -125,16 +126,30 @@ def _checked(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the smallest most-likely set whose mass reaches top_p (at least one token)."""
-    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
-    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    """Keep the smallest most-likely set whose mass reaches top_p (at least one token).
+
+    Sorting a 151,936-token row costs 12-14 ms here (40% of a decode step), and the set is usually
+    a few dozen tokens: so the most likely 64 are taken first, then 512, 4096, all, until they hold
+    mass top_p. Every token after such a window comes after mass top_p, so none of them would be kept:
+    the set is a full sort's (tokens tied at its edge are kept in topk's order, as in sort's)."""
+    window = min(_TOP_P_WINDOW, probs.shape[-1])
+    while True:
+        sorted_probs, order = torch.topk(probs, window, dim=-1)  # descending
+        cumulative = torch.cumsum(sorted_probs, dim=-1)
+        if window == probs.shape[-1] or bool((cumulative[..., -1] >= top_p).all()):
+            break
+        window = min(window * 8, probs.shape[-1])
+    mass_before = cumulative - sorted_probs
     keep_sorted = mass_before < top_p
     # the most likely token always stays: a top_p below the dtype's smallest float rounds to 0 in the
     # comparison, which would keep nothing (and 0 / 0 is NaN)
     keep_sorted[..., 0] = True
-    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+    keep = torch.zeros(probs.shape, dtype=torch.bool, device=probs.device).scatter_(-1, order, keep_sorted)
     kept = probs * keep
     return kept / kept.sum(dim=-1, keepdim=True)
+
+
+_TOP_P_WINDOW = 64  # the most likely tokens top-p looks at first (then 8x more, until they hold its mass)
 
 
 def argmax(x: torch.Tensor) -> torch.Tensor:

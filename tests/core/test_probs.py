@@ -58,6 +58,31 @@ def test_top_p_keeps_smallest_set_reaching_mass():
         assert float(base[: n - 1].sum()) < top_p
 
 
+def _top_p_by_full_sort(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+    keep_sorted = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < top_p
+    kept = probs * torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+    return kept / kept.sum(dim=-1, keepdim=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_top_p_over_growing_windows_is_the_full_sorts_set(dtype):
+    """Top-p looks at the 64 most likely tokens first, then 512, 4096, all (a full sort of a 151,936-token row
+    cost 12-14 ms): its set must be the full sort's, for peaked rows (the first window) and flat ones (all)."""
+    from specdecode.core.probs import _top_p
+    g = torch.Generator().manual_seed(7)
+    for scale, vocab in [(8.0, 151_936), (3.0, 151_936), (0.5, 20_000), (0.01, 5_000), (2.0, 70)]:
+        logits = torch.randn(3, vocab, generator=g, dtype=torch.float64) * scale
+        logits[0, :10] = -float("inf")  # zeros in p
+        probs = torch.softmax(logits, dim=-1).to(dtype)
+        for top_p in (0.05, 0.5, 0.9, 0.999):
+            assert torch.equal(_top_p(probs, top_p), _top_p_by_full_sort(probs, top_p)), (scale, vocab, top_p)
+    tied = torch.full((2, 5_000), 1 / 5_000, dtype=dtype)  # all tied: which tokens is the sort's choice, how many is not
+    for top_p in (0.05, 0.9):
+        ours, full = _top_p(tied, top_p), _top_p_by_full_sort(tied, top_p)
+        assert torch.equal((ours > 0).sum(-1), (full > 0).sum(-1)) and torch.allclose(ours.sum(-1), full.sum(-1))
+
+
 def test_min_p():
     probs = logits_to_probs(LOGITS, SamplingParams(min_p=0.2))  # keep p >= 0.2 * 0.55
     base = torch.softmax(LOGITS, 0)
