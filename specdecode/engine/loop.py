@@ -140,13 +140,13 @@ def step(batch: Seq[Sequence], prefills: Seq[Row] = ()) -> list[Round]:
         _check_owner(seq)
     jobs = [RoundJob(seq.slot.target, seq.drafters, seq.policy, seq.context, seq.budget - 1,
                      seq.config.sampling, seq.generator, seq.rule, seq.unfed) for seq in batch]
-    rounds = []
-    for seq, out in zip(batch, speculative_rounds(jobs, prefills)):
-        rounds.append(_emit(seq, out))
-    return rounds
+    t0 = time.perf_counter()
+    outcomes = speculative_rounds(jobs, prefills)
+    t_round = time.perf_counter() - t0  # every sequence of the batch waited all of it
+    return [_emit(seq, out, t_round) for seq, out in zip(batch, outcomes)]
 
 
-def _emit(seq: Sequence, out: "RoundOutcome") -> Round:
+def _emit(seq: Sequence, out: "RoundOutcome", t_round: float) -> Round:
     """Apply one round's outcome to its sequence: EOS and budget cuts, statistics, the end."""
     # The policy learns from the whole verification, drafts after an EOS included: they were
     # drafted and judged by the target like any other, so they are honest evidence of the
@@ -170,7 +170,8 @@ def _emit(seq: Sequence, out: "RoundOutcome") -> Round:
     seq.stats.add_round(RoundRecord(drafter=out.drafter, drafted=out.drafted, accepted=accepted,
                                     emitted=len(emitted), t_draft=out.t_draft, t_verify=t_verify,
                                     verified=out.verified, tested=accepted if accepted < out.accepted else None,
-                                    tree_nodes=out.tree_nodes, off_chain=out.off_chain))
+                                    tree_nodes=out.tree_nodes, off_chain=out.off_chain,
+                                    t_round=max(t_round - share, 0.0)))
     seq.tokens += emitted
     target = seq.slot.target
     if emitted[-1] in seq.eos_ids:

@@ -21,6 +21,9 @@ class RoundRecord:
     tested: int | None = None
     tree_nodes: int = 0  # a draft tree's nodes (0: a chain); drafted is then its chain's length
     off_chain: bool = False  # the tree's accepted path took an alternative, not the chain
+    # the round's wall time as its sequence waited it: drafting, the pass, turning logits into tokens
+    # (sampling, verification); t_draft + t_verify leave the last out (0.0: not measured)
+    t_round: float = 0.0
 
 
 def _tested(record: RoundRecord) -> int:
@@ -95,7 +98,8 @@ class GenerationStats:
 
     @property
     def t_decode(self) -> float:
-        return self.t_draft + self.t_verify
+        """Seconds the rounds took (prefill excluded): their wall time where measured."""
+        return sum(r.t_round or r.t_draft + r.t_verify for r in self.rounds)
 
     @property
     def tokens_per_second(self) -> float:

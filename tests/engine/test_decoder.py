@@ -219,3 +219,22 @@ def test_saved_directory_round_trip(tmp_path):
     char_tokenizer().save_pretrained(tmp_path)
     loaded, tok = load_model(tmp_path, "target", torch.float32, "cpu")
     assert loaded.vocab_size == VOCAB and tok.encode("ab") == char_tokenizer().encode("ab")
+
+
+@pytest.mark.parametrize("speculative", [True, False])
+def test_decode_rate_counts_the_rounds_own_work_not_only_drafting_and_the_pass(decoder, monkeypatch, speculative):
+    """tokens_per_second left out turning logits into tokens (t_draft + t_verify time only drafting and
+    the pass), so a full sort for top-p, 12 ms a token, never showed in it. Made slow here by 20 ms a
+    call, that work must show in t_decode and not in t_draft + t_verify."""
+    import time as clock
+    import specdecode.engine.loop as loop
+    real = loop.logits_to_probs
+
+    def slow(*a, **kw):
+        clock.sleep(0.02)
+        return real(*a, **kw)
+    monkeypatch.setattr(loop, "logits_to_probs", slow)
+    stats = decoder.generate("x = ", SAMPLED, speculative=speculative).stats
+    assert stats.t_decode >= stats.t_draft + stats.t_verify + 0.02 * stats.num_rounds
+    assert stats.tokens_per_second == pytest.approx(stats.new_tokens / stats.t_decode)
+    assert all(r.t_round >= r.t_draft + r.t_verify for r in stats.rounds)
