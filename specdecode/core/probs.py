@@ -144,9 +144,8 @@ def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     # the most likely token always stays: a top_p below the dtype's smallest float rounds to 0 in the
     # comparison, which would keep nothing (and 0 / 0 is NaN)
     keep_sorted[..., 0] = True
-    keep = torch.zeros(probs.shape, dtype=torch.bool, device=probs.device).scatter_(-1, order, keep_sorted)
-    kept = probs * keep
-    return kept / kept.sum(dim=-1, keepdim=True)
+    kept = sorted_probs * keep_sorted  # normalised in the window, then put in place: one V-sized pass, not four
+    return torch.zeros_like(probs).scatter_(-1, order, kept / kept.sum(dim=-1, keepdim=True))
 
 
 _TOP_P_WINDOW = 64  # the most likely tokens top-p looks at first (then 8x more, until they hold its mass)

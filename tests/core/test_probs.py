@@ -60,9 +60,8 @@ def test_top_p_keeps_smallest_set_reaching_mass():
 
 def _top_p_by_full_sort(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
-    keep_sorted = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < top_p
-    kept = probs * torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
-    return kept / kept.sum(dim=-1, keepdim=True)
+    kept = sorted_probs * (torch.cumsum(sorted_probs, dim=-1) - sorted_probs < top_p)
+    return torch.zeros_like(probs).scatter(-1, order, kept / kept.sum(dim=-1, keepdim=True))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
