@@ -106,11 +106,29 @@ def test_show_drafts_prints_the_text_a_stop_string_cut(capsys, model_dirs):
         assert rc == 0 and out.out == full[:i] + "\n", (flags, out.out, full[:i])
 
 
-def _cli(*argv, **kw):
+# `specdecode` whose generation yields each chunk 0.5 s late, so a signal lands while it generates
+SLOW_CLI = """import sys, time
+import specdecode.engine.decoder as decoder
+real = decoder.SpeculativeDecoder.stream_ids
+def slow(*a, **kw):
+    for chunk in real(*a, **kw):
+        yield chunk
+        time.sleep(0.5)
+decoder.SpeculativeDecoder.stream_ids = slow
+from specdecode.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _cli(*argv, slow: bool = False):
+    import signal
     import subprocess
     import sys
-    return subprocess.Popen([sys.executable, "-m", "specdecode", *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kw)
+    # SIGINT as a terminal leaves it: a job started in the background of a non-interactive shell (as a
+    # CI runner may start the tests) inherits SIGINT ignored, and Python then keeps it ignored
+    return subprocess.Popen([sys.executable, *(["-c", SLOW_CLI] if slow else ["-m", "specdecode"]), *argv],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 @pytest.mark.parametrize("when", ["importing", "generating"])
@@ -118,7 +136,7 @@ def test_ctrl_c_is_one_line_not_a_traceback(model_dirs, when):
     import signal
     import time
     proc = _cli("generate", "def f(x):", "--target", model_dirs[0], "--draft", model_dirs[1], "--dtype", "float32",
-                "--max-new-tokens", "200", "--k", "2")
+                "--max-new-tokens", "200", "--k", "2", slow=when == "generating")
     if when == "generating":
         proc.stdout.read(1)  # the first text is out: the model is loaded and generating
     else:
