@@ -58,7 +58,7 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     Float64 logits stay float64 (exactness tests); anything else is computed in
     float32. Raises ValueError on NaN logits or a row with no finite logit.
     """
-    x, top = _checked(logits)
+    x, top, row_max = _checked(logits)
     if params.greedy:
         return torch.zeros_like(x).scatter_(-1, top, 1.0)
 
@@ -68,7 +68,7 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     # A T below the dtype's smallest normal number would itself round to 0 there: divide in float64.
     # (One new tensor, divided in place: each further V-sized temporary costs page faults, 0.3 ms a row.)
     dtype = x.dtype
-    x = torch.sub(x, x.gather(-1, top))
+    x = torch.sub(x, row_max)
     if params.temperature < torch.finfo(dtype).tiny:
         x = x.double()
     x.div_(params.temperature)
@@ -106,8 +106,8 @@ _NAN = "logits contain NaN; the model produced invalid output (check dtype/overf
 _NO_FINITE = "logits has a row where every entry is -inf; nothing can be sampled"
 
 
-def _checked(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The logits as float32 (float64 kept) and each row's argmax [..., 1]; ValueError for what
+def _checked(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The logits as float32 (float64 kept), each row's argmax and its value [..., 1]; ValueError for what
     cannot be sampled from (not floating point, no vocabulary, NaN, a row of -inf)."""
     if not torch.is_tensor(logits) or not logits.is_floating_point() or logits.dim() < 1:
         raise ValueError("logits must be a floating-point tensor [..., vocab]")
@@ -122,7 +122,7 @@ def _checked(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise ValueError(_NAN)
     if (row_max == float("-inf")).any():
         raise ValueError(_NO_FINITE)
-    return x, top
+    return x, top, row_max
 
 
 def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
