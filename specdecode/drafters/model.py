@@ -244,6 +244,7 @@ class ModelDrafter:
 
     def _rollback_to_common_prefix(self, context: Sequence[int]) -> None:
         common = self._common_prefix(context)
-        if common < len(self._fed):
-            self.model.truncate(common)
-            del self._fed[common:]
+        if common < len(self._fed) or self.model.length != len(self._fed):  # a failed pass may have left cells
+            keep = min(common, self.model.length)
+            self.model.truncate(keep)
+            del self._fed[keep:]

@@ -13,10 +13,14 @@ first (a short question does not wait behind a long file, as it would in admissi
 mean time to first token is least that way), and a prompt passed over for `patience` rounds
 goes before every other, so a long one is never starved by a stream of short ones.
 A request that ends, or that the caller `release`s (a client that left, even mid-prompt),
-frees its slot at once. With a prompt cache in host memory (`cache_bytes`,
-engine/prompt_cache.py) the freed slot's context moves there (in one shared KV pool, as
-llama.cpp's, idle cells slow every running row's attention), and is restored into a slot
-when a later prompt starts with more of it than any slot holds. Without one, a freed slot
+frees its slot at once. With `isolate` (the server's), a request whose round fails (an exception, not
+an interrupt) ends alone with its error (`Active.error`): a shared round that fails is rewound and its
+rows run one at a time, so the request at fault is found and its neighbours go on as if it had never
+been beside them. Without (the library's batch), the error is raised: a caller sees it at once.
+With a prompt cache in host memory (`cache_bytes`, engine/prompt_cache.py) the freed slot's
+context moves there (in one shared KV pool, as llama.cpp's, idle cells slow every running row's
+attention), and is restored into a slot when a later prompt starts with more of it than any slot
+holds. Without one, a freed slot
 keeps its request's context (a prefix cache): `admit` picks the free slot holding the
 longest start of the new prompt.
 """
@@ -28,10 +32,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Hashable, Iterator, Sequence
 
+import torch
+
 from specdecode.backends.protocol import Row, common_prefix
 from specdecode.engine.config import DEFAULT_PREFILL_TOKENS, GenerationConfig
 from specdecode.engine.decoder import Chunk, Generation, SpeculativeDecoder, TextAssembler
-from specdecode.engine.loop import start, step
+from specdecode.engine.loop import Round, start, step
 from specdecode.engine.prompt_cache import PromptCache
 from specdecode.engine.sequence import Sequence as Seq, Slot
 from specdecode.engine.stats import GenerationStats
@@ -47,24 +53,49 @@ class Waiting:
 
 @dataclass(eq=False)
 class Active:
-    """A running request: the caller's handle, its sequence and its text so far."""
+    """A running request: the caller's handle, its sequence and its text so far; `error`, what ended it
+    if its round failed (it then left the batch, as a finished one does)."""
 
     key: Hashable
     seq: Seq
     text: TextAssembler
+    error: Exception | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Mark:
+    """Where a row of a round stood before the round: its target's cache length and its generator's
+    state (what `rewind` puts back when the shared round fails: `Scheduler._alone`)."""
+
+    active: Active
+    length: int
+    generator: torch.Tensor | None  # a torch generator's state (None: CounterNoise, a function of position)
+
+    @staticmethod
+    def of(active: Active) -> "_Mark":
+        source = active.seq.generator
+        return _Mark(active, active.seq.slot.target.length,
+                     source.get_state() if isinstance(source, torch.Generator) else None)
+
+    def rewind(self) -> None:
+        self.active.seq.slot.target.truncate(self.length)  # drops what the pass wrote, a tree's scratch too
+        if self.generator is not None:
+            self.active.seq.generator.set_state(self.generator)
 
 
 class Scheduler:
     def __init__(self, decoder: SpeculativeDecoder, prefill_tokens: int = DEFAULT_PREFILL_TOKENS,
-                 cache_bytes: int = 0, patience: int = 4) -> None:
+                 cache_bytes: int = 0, patience: int = 4, isolate: bool = False) -> None:
         """prefill_tokens: the most prompt tokens a pass computes, running rows included (module
         docstring). cache_bytes: the prompt cache's bound in host memory (0: none; the target's
         backend must have `snapshot`/`restore`, as llama.cpp and transformers do). patience: the
-        rounds a waiting prompt may get no piece before it goes first."""
+        rounds a waiting prompt may get no piece before it goes first. isolate: a failed round ends
+        only the requests at fault (`_alone`); else `step` releases every request and raises."""
         for name, value in (("prefill_tokens", prefill_tokens), ("patience", patience)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        self.decoder, self.prefill_tokens, self.patience = decoder, prefill_tokens, patience
+        self.decoder, self.prefill_tokens, self.patience, self.isolate = decoder, prefill_tokens, patience, isolate
+        self.isolated = 0  # shared rounds that failed and ran row by row (`_alone`): a count for /metrics
         self.prompt_cache = PromptCache(cache_bytes) if cache_bytes and hasattr(decoder.target, "snapshot") \
             else None
         self.free: list[Slot] = list(decoder.slots)
@@ -109,14 +140,23 @@ class Scheduler:
 
     def step(self) -> list[tuple[Active, list[Chunk]]]:
         """One round of every running request; those that end leave the batch (their last text included).
-        If the round fails, every running request is released and the error raised."""
+        If the round fails: with `isolate`, the requests at fault leave it (their `error` set, no text:
+        `_alone`); else, as on an interrupt (KeyboardInterrupt and the like, always), every running
+        request is released and the error raised."""
         batch = [a for a in self.running if a not in self._prompts]
         pieces, joining = self._prompt_pieces(len(batch))
         batch += joining
         n_prompt = sum(len(row.tokens) for _, row in pieces) + sum(len(a.seq.unfed) for a in joining)
+        marks = [_Mark.of(a) for a in [*batch, *(a for a, _ in pieces)]] if self.isolate else []
         t0 = time.perf_counter()
         try:
             rounds = step([a.seq for a in batch], [row for _, row in pieces])
+        except Exception as exc:
+            if self.isolate:
+                return self._alone(batch, pieces, marks, exc)
+            for a in list(self.running):
+                self.release(a, failed=True)
+            raise
         except BaseException:
             for a in list(self.running):
                 self.release(a, failed=True)
@@ -128,17 +168,63 @@ class Scheduler:
         self.pass_rows = len(batch) + len(pieces)
         for a, row in pieces:
             a.seq.stats.t_prefill += t_pass * len(row.tokens) / n_pass
-        out = []
-        for a, rnd in zip(batch, rounds):
+        return [self._text(a, rnd) for a, rnd in zip(batch, rounds)]
+
+    def _text(self, a: Active, rnd: Round) -> tuple[Active, list[Chunk]]:
+        """A round's new text for its request (which leaves the batch if it ended, or if its text failed)."""
+        try:
             chunks = [a.text.add(rnd)]
             if a.text.stopped:  # a stop string: the output ends here
                 a.seq.finished = True
             elif a.seq.finished and (tail := a.text.finish()) is not None:
                 chunks.append(tail)
-            if a.seq.finished:
-                self.release(a)
-            out.append((a, chunks))
+        except Exception as exc:
+            if not self.isolate:
+                self.release(a, failed=True)
+                raise
+            return self._fail(a, exc)
+        if a.seq.finished:
+            self.release(a)
+        return a, chunks
+
+    def _alone(self, batch: list[Active], pieces: list[tuple[Active, Row]], marks: list[_Mark],
+               exc: Exception) -> list[tuple[Active, list[Chunk]]]:
+        """A round failed with `exc`. Alone in its pass, the request fails. Shared, the pass's rows are
+        rewound (each target's cache and generator as before the round: `_Mark`) and each runs alone:
+        the ones that fail alone end with their error, and the others get the round they would have had
+        alone (from the same state: a seeded request's generator is put back; the drafters follow the
+        unchanged context). A failure
+        that only a shared pass meets (e.g. no room for all its rows in a KV pool) costs that round one
+        pass per row, and the next round tries the shared pass again."""
+        self.pass_tokens = self.pass_rows = 0  # no shared pass ran
+        if len(marks) == 1:
+            return [self._fail(marks[0].active, exc)]
+        self.isolated += 1
+        try:
+            for mark in marks:
+                mark.rewind()
+        except Exception:  # the caches' contents are unknown: every request of the round fails
+            return [self._fail(mark.active, exc) for mark in marks]
+        out = []
+        for a, row in pieces:  # a prompt's piece (its tokens already taken from `unfed`)
+            try:
+                step([], [row])
+            except Exception as own:
+                out.append(self._fail(a, own))
+        for a in batch:
+            try:
+                rnd = step([a.seq])[0]
+            except Exception as own:
+                out.append(self._fail(a, own))
+                continue
+            out.append(self._text(a, rnd))
         return out
+
+    def _fail(self, a: Active, exc: Exception) -> tuple[Active, list[Chunk]]:
+        """End a request with its error: it leaves the batch, its slot's cache dropped."""
+        a.error = exc
+        self.release(a, failed=True)
+        return a, []
 
     def _prompt_pieces(self, running_rows: int) -> tuple[list[tuple[Active, Row]], list[Active]]:
         """This round's share of the waiting prompts: prefill_tokens tokens less one per running row
@@ -214,7 +300,10 @@ class Scheduler:
                 # slot's cells, and finished contexts in the other slots slowed a lone stream 5-6% (both
                 # our server and llama-server). In host memory it costs them nothing, and comes back by
                 # `_recall` for a prompt that starts the same way.
-                self.prompt_cache.put(kept, slot.target.snapshot())
+                try:
+                    self.prompt_cache.put(kept, slot.target.snapshot())
+                except (RuntimeError, MemoryError):  # not copied out: a later prompt computes it again
+                    pass
                 slot.target.truncate(0)
                 self.cached.pop(id(slot), None)
             else:
@@ -230,7 +319,8 @@ class Scheduler:
 def stream_batch(decoder: SpeculativeDecoder, ids: list[list[int]], configs: list[GenerationConfig],
                  speculative: bool = True, stats: Sequence[GenerationStats] | None = None
                  ) -> Iterator[tuple[int, Chunk]]:
-    """(prompt index, chunk) for every prompt, decoded as one continuous batch of up to max_batch."""
+    """(prompt index, chunk) for every prompt, decoded as one continuous batch of up to max_batch. A
+    failure is raised (every generation stops there)."""
     stats = list(stats) if stats is not None else [GenerationStats() for _ in ids]
     if len(stats) != len(ids):
         raise ValueError(f"got {len(ids)} prompts but {len(stats)} stats objects")

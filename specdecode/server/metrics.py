@@ -27,6 +27,8 @@ class Metrics:
         self.mean_acceptance = Gauge("specdecode_mean_acceptance_length",
                                      "tokens per round over all requests (bonus included)", registry=r)
         self.running = Gauge("specdecode_running_generations", "generations in progress", registry=r)
+        self.isolated = Counter("specdecode_isolated_rounds", "shared rounds that failed and were rerun row "
+                                "by row to end only the requests at fault", registry=r)
         self.queued = Gauge("specdecode_queued_requests", "requests waiting", registry=r)
         self.batch_size = Histogram("specdecode_batch_size", "sequences in a round (one target pass)",
                                     buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32), registry=r)

@@ -10,6 +10,9 @@ not stall), and pushes each job's new text. A job that
 ends leaves the batch at once and frees its slot for the next (its context stays in the slot,
 and goes to the prompt cache in host memory before another prompt overwrites it).
 
+Failure: a request whose round fails ends with a 500 naming the error; the requests batched beside it
+go on (the scheduler reruns a failed shared round row by row to find the one at fault).
+
 Cancellation: a client that disconnects sets `job.cancelled`; the worker checks it
 before every round (so it stops within one round) and frees the job's slot. A
 cancelled job that is still waiting no longer holds a queue slot.
@@ -70,7 +73,7 @@ class GenerationQueue:
         if max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {max_queue}")
         self.decoder, self.metrics, self.max_queue = decoder, metrics, max_queue
-        self.scheduler = Scheduler(decoder, prefill_tokens, cache_bytes=prompt_cache_bytes)
+        self.scheduler = Scheduler(decoder, prefill_tokens, cache_bytes=prompt_cache_bytes, isolate=True)
         self._waiting: deque[Job] = deque()
         self._running: set[Job] = set()  # read by abort_all from another thread: under _cond
         self._closed: str | None = None  # the shutdown message once abort_all ran
@@ -129,14 +132,35 @@ class GenerationQueue:
 
     def _serve(self) -> None:
         while not self._stop:
-            while (job := self._next()) is not None:
-                self._admit(job)
-            for active in list(self.scheduler.running):
-                if active.key.cancelled.is_set():  # the client left (or the server aborted it)
-                    self.scheduler.release(active)
-                    self._end(active.key, cancelled=True)
-            if self.scheduler.running:
-                self._round()
+            try:
+                self._turn()
+            except Exception as exc:  # the worker's own bookkeeping failed: what runs ends, the server serves on
+                self._fail_running(exc)
+
+    def _turn(self) -> None:
+        """Admit what fits, drop what was cancelled, run a round."""
+        while (job := self._next()) is not None:
+            self._admit(job)
+        for active in list(self.scheduler.running):
+            if active.key.cancelled.is_set():  # the client left (or the server aborted it)
+                self.scheduler.release(active)
+                self._end(active.key, cancelled=True)
+        if self.scheduler.running:
+            self._round()
+
+    def _fail_running(self, exc: Exception) -> None:
+        """End every running job with a 500 naming `exc`, their slots freed with caches dropped."""
+        for active in list(self.scheduler.running):
+            try:
+                self.scheduler.release(active, failed=True)
+            except Exception:  # its slot could not even be emptied: it stays out of use, the others serve on
+                pass
+        with self._cond:
+            jobs = list(self._running)
+        for job in jobs:
+            if not job.cancelled.is_set():
+                job.push("error", (500, f"{type(exc).__name__}: {exc}"))
+            self._end(job)
 
     def _admit(self, job: Job) -> None:
         if job.cancelled.is_set():  # the client left while waiting
@@ -151,19 +175,18 @@ class GenerationQueue:
         self.metrics.running.inc()
 
     def _round(self) -> None:
-        batch = [a.key for a in self.scheduler.running]
-        try:
-            results = self.scheduler.step()  # on failure every running job was released
-        except Exception as exc:
-            for job in batch:
-                job.push("error", (500, f"{type(exc).__name__}: {exc}"))
-                self._end(job)
-            return
+        isolated = self.scheduler.isolated
+        results = self.scheduler.step()  # a request whose round failed comes back with its error
+        self.metrics.isolated.inc(self.scheduler.isolated - isolated)
         if self.scheduler.pass_tokens:  # the whole pass: new requests' prompts ride in it too
             self.metrics.pass_tokens.observe(self.scheduler.pass_tokens)
             self.metrics.batch_size.observe(self.scheduler.pass_rows)
         for active, chunks in results:
             job = active.key
+            if active.error is not None:  # this request alone: the rest of the batch goes on
+                job.push("error", (500, f"{type(active.error).__name__}: {active.error}"))
+                self._end(job)
+                continue
             for chunk in chunks:
                 if chunk.tokens and job.t_first is None:
                     job.t_first = time.perf_counter()

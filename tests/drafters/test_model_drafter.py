@@ -82,3 +82,19 @@ def test_lag_counts_the_tokens_a_separate_catch_up_pass_would_feed():
     accepted = context + proposal.tokens[:1] + [7]  # one draft accepted, then a correction
     assert drafter.lag(accepted) == 0  # in sync: the first draft step feeds the new tokens
     assert drafter.lag(accepted + list(range(5))) == 5  # sat out five plain steps: 6 new tokens, the last fed by the step
+
+
+def test_cells_a_failed_pass_left_in_the_draft_cache_are_dropped():
+    """A pass that failed after writing (its row's cells are in the cache, the drafter never heard of
+    them) must not shift the next draft: it drafts what a fresh drafter drafts."""
+    drafter, fresh = (ModelDrafter(HFModel(tiny_model(VOCAB, seed=3, max_len=64, dtype=torch.float64), "tiny-draft"))
+                      for _ in range(2))
+    params = SamplingParams(temperature=0.8)
+    context = list(range(2, 22))
+    first = drafter.propose(context, 3, params, torch.Generator().manual_seed(1)).tokens
+    drafter.model.forward([7, 8, 9], n_logits=1)  # what a failed round's pass left behind
+    context += first[:2] + [5]  # every draft it fed was accepted: in sync but for the stray cells
+    expected = fresh.propose(context, 4, params, torch.Generator().manual_seed(0))
+    got = drafter.propose(context, 4, params, torch.Generator().manual_seed(0))
+    assert got.tokens == expected.tokens and torch.allclose(got.q, expected.q, rtol=0, atol=1e-12)
+    assert drafter.model.length == len(context) + 3  # the context and 3 of the 4 drafts (the last is not fed)

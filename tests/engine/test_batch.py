@@ -523,3 +523,128 @@ def test_draft_rows_mixed_up_in_lockstep_are_caught(model_only, monkeypatch):
     with pytest.raises((AssertionError, RuntimeError, ValueError, IndexError)):
         batched = model_only.generate_many(MODEL_PROMPTS, MODEL_CONFIGS)
         assert [b.tokens for b in batched] == [s.tokens for s in solo]
+
+
+
+POISON = "!"  # a request whose prompt holds it fails (the tests' injected fault)
+MARK = "\x01never"  # the poisoned request's stop string: how a TextAssembler knows it is the poisoned one
+
+
+def inject(monkeypatch, where: str) -> list[int]:
+    """Make the poisoned request's rounds fail `where`: in the target pass (as a kernel error
+    would: any pass with its row fails), in its drafting, or in turning its tokens into text.
+    Returns a list that grows by one at every injected failure."""
+    poison, failed = char_tokenizer().convert_tokens_to_ids(POISON), []
+    if where == "pass":
+        real_pass = loop.forward_batch
+
+        def forward(rows):
+            if any(poison in row.tokens for row in rows):
+                failed.append(len(rows))
+                raise RuntimeError("llama_decode failed with code -1")
+            return real_pass(rows)
+        monkeypatch.setattr(loop, "forward_batch", forward)
+    elif where == "drafting":
+        real_draft = LookupDrafter.continuation
+
+        def continuation(self, context, path, k):
+            if poison in context:
+                failed.append(1)
+                raise ValueError("a drafter bug")
+            return real_draft(self, context, path, k)
+        monkeypatch.setattr(LookupDrafter, "continuation", continuation)
+    else:
+        from specdecode.engine.decoder import TextAssembler
+        real_add = TextAssembler.add
+
+        def add(self, rnd):
+            if MARK in self.stop:
+                failed.append(1)
+                raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "a detokenizer bug")
+            return real_add(self, rnd)
+        monkeypatch.setattr(TextAssembler, "add", add)
+    return failed
+
+
+def run_all(scheduler, decoder, prompts, configs):
+    """Admit every prompt as slots free and run to the end: (tokens by key, error by key)."""
+    waiting, out, errors = list(range(len(prompts))), {}, {}
+    while waiting or scheduler.running:
+        while waiting and scheduler.can_admit():
+            i = waiting.pop(0)
+            scheduler.admit(i, decoder.encode(prompts[i]), configs[i])
+        for a, chunks in scheduler.step():
+            out.setdefault(a.key, []).extend(t for c in chunks for t in c.tokens)
+            if a.error is not None:
+                assert not chunks and a.key not in errors and a not in scheduler.running
+                errors[a.key] = a.error
+    return out, errors
+
+
+@pytest.mark.parametrize("where", ["pass", "drafting", "text"])
+def test_a_failing_request_ends_alone_and_its_neighbours_are_untouched(decoder, monkeypatch, where):
+    """A request whose round fails (in the shared target pass, in its drafting, or in turning its
+    tokens into text) ends with its error; every request batched beside it (5 requests for 4 slots:
+    one is admitted into the freed slot), seeded sampled ones included (fixed K: the same draws as
+    alone, the failed round's draws put back), produces exactly what it produces alone, and every
+    slot is free at the end. Before, the whole batch ended with the error."""
+    prompts = [PROMPTS[0], "abc" + POISON + "abc", PROMPTS[3], PROMPTS[1], PROMPTS[5]]
+    configs = [CONFIGS[0], dataclasses.replace(CONFIGS[0], stop=(MARK,)), CONFIGS[1], CONFIGS[3], CONFIGS[5]]
+    healthy = [0, 2, 3, 4]
+    solo = alone(decoder, [prompts[i] for i in healthy], [configs[i] for i in healthy])
+    failed = inject(monkeypatch, where)
+    scheduler = Scheduler(decoder, isolate=True)
+    out, errors = run_all(scheduler, decoder, prompts, configs)
+    assert failed, "the fault was never injected: the test tests nothing"
+    if where == "pass":
+        assert max(failed) > 1, "the failing pass was never a shared one"
+    assert list(errors) == [1] and type(errors[1]).__name__ in {"RuntimeError", "ValueError", "UnicodeDecodeError"}
+    assert [out[i] for i in healthy] == [s.tokens for s in solo]
+    assert any(r.drafted >= 2 for s in solo for r in s.stats.rounds)  # the neighbours drafted
+    assert len(scheduler.free) == decoder.max_batch and not scheduler.running
+    assert scheduler.isolated >= (1 if where == "pass" else 0)
+
+
+def test_without_isolation_a_failure_ends_the_batch(decoder, monkeypatch):
+    """The library's batch (no `isolate`): the error is raised, every request released."""
+    inject(monkeypatch, "pass")
+    scheduler = Scheduler(decoder)
+    for i, prompt in enumerate([PROMPTS[0], "ab" + POISON]):
+        scheduler.admit(i, decoder.encode(prompt), CONFIGS[0])
+    with pytest.raises(RuntimeError, match="llama_decode failed"):
+        scheduler.step()
+    assert not scheduler.running and len(scheduler.free) == decoder.max_batch and scheduler.isolated == 0
+
+
+def test_a_failing_prompt_piece_ends_its_request_alone(decoder, monkeypatch):
+    """Chunked prefill: a poisoned prompt that runs in pieces beside a decoding row fails alone; the
+    row beside it decodes what it decodes alone."""
+    failed = inject(monkeypatch, "pass")
+    scheduler = Scheduler(decoder, prefill_tokens=4, isolate=True)
+    prompts = [PROMPTS[3], "abcabcabc" + POISON]
+    out, errors = run_all(scheduler, decoder, prompts, CONFIGS[:2])
+    assert failed and max(failed) > 1
+    assert list(errors) == [1] and out[0] == decoder.generate(prompts[0], CONFIGS[0]).tokens
+    assert len(scheduler.free) == decoder.max_batch
+
+
+def test_an_interrupt_in_a_round_ends_every_request(decoder, monkeypatch):
+    """Ctrl-C is not a request's failure: it ends the batch and is raised (no row is rerun)."""
+    calls = []
+
+    def interrupted(rows):
+        calls.append(len(rows))
+        raise KeyboardInterrupt
+    monkeypatch.setattr(loop, "forward_batch", interrupted)
+    scheduler = Scheduler(decoder, isolate=True)
+    for i in range(3):
+        scheduler.admit(i, decoder.encode(PROMPTS[i]), CONFIGS[0])
+    with pytest.raises(KeyboardInterrupt):
+        scheduler.step()
+    assert calls == [3] and not scheduler.running and len(scheduler.free) == decoder.max_batch
+
+
+def test_generate_many_raises_a_prompts_error(decoder, monkeypatch):
+    inject(monkeypatch, "pass")
+    with pytest.raises(RuntimeError, match="llama_decode failed"):
+        decoder.generate_many([PROMPTS[0], "ab" + POISON], CONFIGS[:2])
