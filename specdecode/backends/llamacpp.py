@@ -56,6 +56,15 @@ def _lib():
     return ll
 
 
+def amx_build(ll) -> bool:
+    """Whether this llama.cpp build would put weights into its AMX buffer type (built for an Intel CPU
+    with AMX). llama-cpp-python 0.3.36's AMX path crashed the process (a segfault in libggml-cpu at the
+    first pass) on a 2-core Xeon VM with AMX, so weights then load without llama.cpp's extra buffer
+    types. That costs nothing there: with AMX present, the Q4_K weights were not repacked anyway (only
+    the AMX buffer takes tensors; README, "The machine")."""
+    return b"AMX_INT8 = 1" in ll.llama_print_system_info()
+
+
 def _print_errors(level: int, text: bytes, user_data) -> None:
     """llama.cpp's log: keep errors (GGML_LOG_LEVEL_ERROR = 4), drop its loading chatter."""
     if level == 4:
@@ -120,6 +129,7 @@ class LlamaWeights:
             raise ValueError(f"GGUF file {str(path)!r} does not exist")
         params = ll.llama_model_default_params()
         params.n_gpu_layers = 0
+        params.use_extra_bufts = not amx_build(ll)
         self.ll, self.path, self.name = ll, path, name or path.stem
         self.ptr = ll.llama_model_load_from_file(str(path).encode(), params)
         if not self.ptr:
