@@ -82,6 +82,9 @@ def yield_torch_threads() -> None:
     torch.set_num_threads(1)
 
 
+MAX_THREADS = 512  # GGML_MAX_N_THREADS: llama.cpp aborts the process (std::bad_alloc) far above it
+
+
 def default_threads() -> int:
     """The machine's cores available to this process (llama.cpp's own default is similar)."""
     try:
@@ -194,6 +197,9 @@ class LlamaContext:
                              f"({settings.n_seq_max} sequences x (1 + {settings.tree_leaves} tree leaves)): raise "
                              f"n_batch or lower the batch or the tree")
         params.kv_unified = True  # one ubatch for all sequences (see LlamaSettings)
+        if not 1 <= settings.threads() <= MAX_THREADS:
+            raise ValueError(f"threads must be 1 to {MAX_THREADS} (this machine has {default_threads()} cores), "
+                             f"got {settings.threads()}")
         params.n_threads = params.n_threads_batch = settings.threads()
         params.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if settings.flash_attn \
             else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED

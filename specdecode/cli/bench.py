@@ -49,7 +49,9 @@ def writable_directory(path: str) -> Path:
     if not path.strip():  # Path("") is the current directory: the results would land there unasked
         raise ValueError("--out is empty: give the directory for results.json, results.md and speedup.png")
     out = Path(path)
-    out.mkdir(parents=True, exist_ok=True)  # FileExistsError for a file, PermissionError, ...
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {path!r} is a file: give a directory for results.json, results.md and speedup.png")
+    out.mkdir(parents=True, exist_ok=True)  # PermissionError, ...
     probe = out / ".specdecode-write-test"
     probe.write_text("")  # a read-only directory fails here, as results.json would after the run
     probe.unlink()
@@ -85,6 +87,19 @@ def check_model_options(args: argparse.Namespace) -> None:
                          f"methods with --methods); drop it")
 
 
+def check_extra_methods_selected(methods: list, verify: list[str], tree: int) -> None:
+    """--verify RULE and --tree N only add methods (named "... (RULE)", "..., tree N"): a --methods choice
+    that keeps none of them would run without the flag's effect, so it is refused."""
+    names = [m.name for m in methods]
+    for rule in dict.fromkeys(verify):
+        if rule != "token" and not any(name.endswith(f"({rule})") for name in names):
+            raise ValueError(f"--verify {rule} adds methods named '... ({rule})', and --methods keeps none of them: "
+                             f"add one (e.g. --methods 'auto adaptive') or drop --verify {rule}")
+    if tree and not any(f"tree {tree}" in name for name in names):
+        raise ValueError(f"--tree {tree} adds methods named '..., tree {tree}', and --methods keeps none of them: "
+                         f"add one (e.g. --methods 'model adaptive') or drop --tree")
+
+
 def select_methods(methods: list, prefixes: list[str] | None) -> list:
     """The methods named by `prefixes` (case-insensitive name prefixes), plus the baseline."""
     from specdecode.bench.methods import BASELINE
@@ -108,9 +123,9 @@ def run_bench(args: argparse.Namespace) -> int:
     from specdecode.bench.workers import MethodWorker
     from specdecode.engine.decoder import SpeculativeDecoder
 
-    out = writable_directory(args.out)  # before the models load and hours of measuring, not after
     check_model_options(args)
     check_method_prefixes(args.methods)
+    out = writable_directory(args.out)  # before the models load and hours of measuring, not after
     quick = args.quick
     k_sweep = args.k_sweep or ([2, 4] if quick else list(range(1, 9)))
     if any(k < 1 for k in k_sweep):
@@ -158,6 +173,7 @@ def run_bench(args: argparse.Namespace) -> int:
         methods = [m for w in workers for m in w.methods()
                    if w is workers[0] or m.family != "ours"]  # a second torch process adds only HF's rows
         methods = select_methods(methods, args.methods)
+        check_extra_methods_selected(methods, args.verify, args.tree)
         bench = run_benchmark(methods, encode, config, ours["exact"])
     finally:
         for w in workers:

@@ -6,6 +6,7 @@ import argparse
 import time
 
 from specdecode.cli.output import console, emit_json, err_console, table, write_text
+from specdecode.backends.llamacpp import MAX_THREADS
 from specdecode.core import VERIFY_RULES
 from specdecode.core.probs import SamplingParams
 from specdecode.engine.config import DRAFTER_CHOICES, SEED_LIMIT, GenerationConfig
@@ -19,6 +20,11 @@ STYLE = {"draft": "green", "alternative": "magenta", "correction": "yellow", "bo
 def non_negative_int(text: str) -> int:
     """argparse type: an integer >= 0 (a usage error, exit 2, otherwise)."""
     return _int_in(text, 0, None, "an integer >= 0")
+
+
+def thread_count(text: str) -> int:
+    """argparse type: llama.cpp threads, 0 (the machine's cores) to llama.cpp's limit (more aborted it)."""
+    return _int_in(text, 0, MAX_THREADS, f"an integer from 0 to {MAX_THREADS} (0 = the machine's cores)")
 
 
 def positive_int(text: str) -> int:
@@ -84,7 +90,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="auto", choices=["auto", "llama.cpp", "transformers"],
                    help="auto (default): llama.cpp for GGUF files (the embedded pair) on CPU, transformers for "
                         "model directories and on CUDA")
-    p.add_argument("--threads", type=non_negative_int, default=0,
+    p.add_argument("--threads", type=thread_count, default=0,
                    help="llama.cpp threads (default 0 = the machine's cores)")
     p.add_argument("--n-ctx", type=non_negative_int, default=0,
                    help="llama.cpp context size in tokens (default 0 = the model's, at most 32768)")

@@ -8,7 +8,7 @@ import sys
 
 from specdecode import __version__
 from specdecode.cli import audit, bench, generate, serve, theory
-from specdecode.cli.output import print_error
+from specdecode.cli.output import print_error, stdout
 
 
 class Parser(argparse.ArgumentParser):
@@ -36,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = argv  # recorded in reports (e.g. the benchmark's command line)
     try:
+        if args.command != "serve":  # the others exist to print: say so at once, not after the work (rich
+            stdout()                 # printed into a closed stdout without a word)
         return args.func(args)
     except BrokenPipeError:  # the reader left (`specdecode generate ... | head -1`): nothing to say to it
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush cannot fail again

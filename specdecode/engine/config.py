@@ -49,7 +49,7 @@ class GenerationConfig:
                              f"speculative=False), got {self.k!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < SEED_LIMIT:
             raise ValueError(f"seed must be an integer from 0 to 2**63 - 1, got {self.seed!r}")
-        if self.verification not in VERIFY_RULES:
+        if not isinstance(self.verification, str) or self.verification not in VERIFY_RULES:
             raise ValueError(f"verification must be one of {', '.join(VERIFY_RULES)}, got {self.verification!r}")
         if not isinstance(self.reproducible, bool):
             raise ValueError(f"reproducible must be true or false, got {self.reproducible!r}")

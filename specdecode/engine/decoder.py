@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
@@ -201,9 +203,9 @@ class SpeculativeDecoder:
     def stream_ids(self, ids: Sequence[int], config: GenerationConfig = GenerationConfig(), *,
                    speculative: bool = True, stats: GenerationStats | None = None) -> Iterator[Chunk]:
         """`stream` for a prompt that is already token ids."""
-        _check_request(config, speculative)
+        _check_request(config, speculative, stats)
         stats = stats if stats is not None else GenerationStats()
-        rounds = self._rounds(list(ids), config, stats, speculative)
+        rounds = self._rounds(_check_ids(ids, self.target.vocab_size), config, stats, speculative)
         text = TextAssembler(self.tokenizer, config.stop, stats)
         for rnd in rounds:
             yield text.add(rnd)
@@ -217,9 +219,10 @@ class SpeculativeDecoder:
     def generate_ids(self, ids: Sequence[int], config: GenerationConfig = GenerationConfig(), *,
                      stats: GenerationStats | None = None, speculative: bool = True) -> list[int]:
         """Token ids in, generated token ids out (no text processing, no stop strings)."""
-        _check_request(config, speculative)
+        _check_request(config, speculative, stats)
         stats = stats if stats is not None else GenerationStats()
-        return [t for rnd in self._rounds(list(ids), config, stats, speculative) for t in rnd.tokens]
+        ids = _check_ids(ids, self.target.vocab_size)
+        return [t for rnd in self._rounds(ids, config, stats, speculative) for t in rnd.tokens]
 
     def _rounds(self, ids: list[int], config: GenerationConfig, stats: GenerationStats, speculative: bool):
         return run(self.sequence(self.slots[0], ids, config, stats, speculative))
@@ -253,10 +256,12 @@ class SpeculativeDecoder:
         return stream_batch(self, ids, configs, speculative, stats)
 
     def _requests(self, prompts, configs, chat, speculative) -> tuple[list[list[int]], list[GenerationConfig]]:
-        if isinstance(prompts, (str, dict)) or not isinstance(prompts, Sequence):
+        if isinstance(prompts, (str, dict, bytes, bytearray)) or not isinstance(prompts, Sequence):
             raise ValueError("generate_many/stream_many take a list of prompts (for one prompt use generate/stream)")
         if isinstance(configs, GenerationConfig):
             configs = [configs] * len(prompts)
+        if isinstance(configs, (str, bytes, dict)) or not isinstance(configs, Iterable):
+            raise TypeError(f"configs must be a GenerationConfig or one per prompt, got {type(configs).__name__}")
         configs = list(configs)
         for config in configs:
             _check_request(config, speculative)
@@ -321,7 +326,9 @@ def make_cheaper(draft: Model, tokenizer: PreTrainedTokenizerBase, device: str, 
     if int8 is None:
         int8 = DEFAULT_DRAFT_INT8 and device == "cpu"
     if vocab and vocab < draft.vocab_size:
-        specials = torch.tensor(sorted(set(tokenizer.all_special_ids)), dtype=torch.long)
+        # a tokenizer may hold special ids past the model's logits (added tokens it never emits): not kept
+        specials = torch.tensor(sorted(i for i in set(tokenizer.all_special_ids) if i < draft.vocab_size),
+                                dtype=torch.long)
         restrict_head(draft.model, frequent_tokens(draft.vocab_size, vocab, specials))
     if int8:
         quantize_int8(draft.model)
@@ -471,10 +478,14 @@ def _streamable_length(text: str, stops: tuple[str, ...]) -> int:
     suffix that could be the start of a stop string (it may complete next round)."""
     hold = 1 if text.endswith("\ufffd") else 0
     for s in stops:
-        for n in range(min(len(s) - 1, len(text)), hold, -1):
-            if text.endswith(s[:n]):
-                hold = n
+        # the longest tail of text (shorter than s) that begins s: its start is an occurrence of s[0], so
+        # only those are tested, earliest first (trying every length was quadratic in a long stop string)
+        i = text.find(s[0], len(text) - min(len(s) - 1, len(text)), len(text) - hold)
+        while i != -1:
+            if s.startswith(text[i:]):
+                hold = len(text) - i
                 break
+            i = text.find(s[0], i + 1, len(text) - hold)
     return len(text) - hold
 
 
@@ -488,7 +499,7 @@ def _find_stop(text: str, stops: tuple[str, ...], start: int) -> int | None:
     return best
 
 
-def _check_request(config, speculative) -> None:
+def _check_request(config, speculative, stats=None) -> None:
     """The arguments every generation takes, of the types it reads (a dict for a config failed later
     with an AttributeError; speculative="no" was truthy)."""
     if not isinstance(config, GenerationConfig):
@@ -496,6 +507,28 @@ def _check_request(config, speculative) -> None:
                         f"GenerationConfig(max_new_tokens=..., ...)")
     if not isinstance(speculative, bool):
         raise TypeError(f"speculative must be True or False, got {speculative!r}")
+    check_stats(stats)
+
+
+def check_stats(stats) -> None:
+    """`stats`, where a caller passes one to be filled in: None or a GenerationStats."""
+    if stats is not None and not isinstance(stats, GenerationStats):
+        raise TypeError(f"stats must be a GenerationStats (or None), got {type(stats).__name__}")
+
+
+def _check_ids(ids, vocab_size: int) -> list[int]:
+    """A prompt of token ids, as a list of ints in [0, vocab_size): an id out of range failed deep in the
+    backend (torch's embedding, or llama_decode), a string or floats with a message about dimensions."""
+    if isinstance(ids, (str, bytes, bytearray)) or not isinstance(ids, Iterable):
+        raise TypeError(f"token ids must be a list of ints, got {type(ids).__name__}; for text use stream() or "
+                        f"generate()")
+    ids = list(ids)
+    for i, t in enumerate(ids):
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            raise TypeError(f"token ids must be ints, got {t!r} ({type(t).__name__}) at index {i}")
+        if not 0 <= t < vocab_size:
+            raise ValueError(f"token id {t} at index {i} is outside the model's vocabulary [0, {vocab_size})")
+    return [int(t) for t in ids]
 
 
 def _check_prompt(prompt) -> None:

@@ -36,7 +36,7 @@ import torch
 
 from specdecode.backends.protocol import Row, common_prefix
 from specdecode.engine.config import DEFAULT_PREFILL_TOKENS, GenerationConfig
-from specdecode.engine.decoder import Chunk, Generation, SpeculativeDecoder, TextAssembler
+from specdecode.engine.decoder import Chunk, Generation, SpeculativeDecoder, TextAssembler, check_stats
 from specdecode.engine.loop import Round, start, step
 from specdecode.engine.prompt_cache import PromptCache
 from specdecode.engine.sequence import Sequence as Seq, Slot
@@ -324,6 +324,8 @@ def stream_batch(decoder: SpeculativeDecoder, ids: list[list[int]], configs: lis
     stats = list(stats) if stats is not None else [GenerationStats() for _ in ids]
     if len(stats) != len(ids):
         raise ValueError(f"got {len(ids)} prompts but {len(stats)} stats objects")
+    for s in stats:
+        check_stats(s)
     for i, prompt in enumerate(ids):  # refuse up front, not after others have run
         if not prompt or len(prompt) + 1 > decoder.target.max_length:
             raise ValueError(f"prompt {i} has {len(prompt)} tokens; the context holds {decoder.target.max_length}: "

@@ -102,7 +102,9 @@ def test_bad_device_is_one_line(capsys, model_dirs, device, message):
     (["audit", "--samples", "0"], "argument --samples: must be an integer >= 1"),
     (["audit", "--greedy-tokens", "-3"], "argument --greedy-tokens: must be an integer >= 1"),
     (["audit", "--k", "0"], "argument --k: must be an integer >= 1, got '0'"),
-    (["generate", "x", "--threads", "-2"], "argument --threads: must be an integer >= 0, got '-2'"),
+    (["generate", "x", "--threads", "-2"], "argument --threads: must be an integer from 0 to 512"),
+    # llama.cpp aborted the process (std::bad_alloc) for 100000 threads
+    (["serve", "--threads", "100000"], "argument --threads: must be an integer from 0 to 512"),
     (["generate", "x", "--n-ctx", "-5"], "argument --n-ctx: must be an integer >= 0"),
     (["generate", "x", "--draft-confidence", "nan"], "argument --draft-confidence: must be a number in [0, 1)"),
     # torch keeps 63 bits of a seed: s and s + 2**63 would sample alike, so one range without aliases
@@ -235,6 +237,7 @@ def test_bench_checks_its_method_names_before_loading(capsys, tmp_path):
                   "atuo")
     assert rc == 2 and one_line(err).endswith("--methods: no method starts with 'atuo'; method names start with "
                                               "plain, model, auto, lookup, hf, llama.cpp")
+    assert not (tmp_path / "r").exists()  # refused before the output directory was made
     rc, err = run(capsys, "bench", "--out", str(tmp_path / "r"), "--target", "/nonexistent", "--methods", "Auto",
                   "llama.cpp p", "model K=2")
     assert rc == 2 and "--methods" not in one_line(err) and "'/nonexistent' does not exist" in one_line(err)
@@ -244,7 +247,17 @@ def test_bench_checks_its_output_directory_before_loading(capsys, tmp_path):
     a_file = tmp_path / "results"
     a_file.write_text("")
     rc, err = run(capsys, "bench", "--out", str(a_file), "--target", "/nonexistent")
-    assert rc == 1 and str(a_file) in one_line(err)
+    assert rc == 2 and f"--out {str(a_file)!r} is a file: give a directory" in one_line(err)
+
+
+@pytest.mark.parametrize("flag, says", [(["--verify", "token", "block"], "--verify block adds methods"),
+                                        (["--tree", "2"], "--tree 2 adds methods")])
+def test_bench_refuses_a_flag_whose_methods_it_would_not_run(capsys, tmp_path, model_dirs, flag, says):
+    """--verify block / --tree N only add methods: with --methods plain they were silently ignored (the
+    whole plain benchmark ran)."""
+    rc, err = run(capsys, "bench", "--out", str(tmp_path / "r"), "--target", model_dirs[0], "--draft", model_dirs[1],
+                  "--no-hf", "--methods", "plain", *flag)
+    assert rc == 2 and says in one_line(err)
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -272,3 +285,11 @@ def test_an_invalid_utf8_prompt_is_one_line(capsys, model_dirs):
     rc, err = run(capsys, "generate", "a\udcffb", "--target", model_dirs[0], "--draft", model_dirs[1],
                   "--dtype", "float32", "--max-new-tokens", "4")
     assert rc == 2 and "the prompt is not valid UTF-8" in one_line(err)
+
+
+def test_draft_vocab_ignores_special_ids_past_the_models_logits(capsys, model_dirs):
+    """The tiny tokenizer's special ids are 0, 1 and 86, and its models have 86 logits: --draft-vocab
+    failed with "keep must hold token ids in [0, 86)", whatever N."""
+    rc, err = run(capsys, "generate", "hello", "--target", model_dirs[0], "--draft", model_dirs[1], "--dtype",
+                  "float32", "--draft-vocab", "50", "--max-new-tokens", "6", "--json")
+    assert rc == 0, err

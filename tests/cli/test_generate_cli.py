@@ -171,3 +171,13 @@ def test_closed_or_broken_stdout_is_no_traceback(model_dirs):
     piped = subprocess.run(["bash", "-c", " ".join(map(repr, base)) + " | head -c 1"], capture_output=True,
                            text=True, timeout=120)
     assert "Traceback" not in piped.stderr and "Error" not in piped.stderr, piped.stderr
+
+
+@pytest.mark.parametrize("command", [["theory"], ["rand7", "--n", "10"], ["simulate", "--rounds", "10"]])
+def test_a_closed_stdout_is_named_in_text_mode_too(command):
+    """Text output into a closed stdout was lost without a word (exit 0; audit ran to the end first)."""
+    import subprocess
+    import sys
+    closed = subprocess.run(["bash", "-c", " ".join(map(repr, [sys.executable, "-m", "specdecode", *command]))
+                             + " >&-"], capture_output=True, text=True, timeout=120)
+    assert closed.returncode == 1 and "standard output is closed" in closed.stderr, closed.stderr

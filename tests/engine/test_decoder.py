@@ -2,13 +2,14 @@
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 from specdecode.backends.hf import HFModel
 from specdecode.backends.weights import load_model
 from specdecode.core.probs import GREEDY, SamplingParams
 from specdecode.drafters.model import ModelDrafter
 from specdecode.engine.config import GenerationConfig
-from specdecode.engine.decoder import SpeculativeDecoder, check_compatible
+from specdecode.engine.decoder import SpeculativeDecoder, _streamable_length, check_compatible
 from tests.tiny import CHARS, SPECIALS, char_tokenizer, tiny_model, tiny_pair
 
 VOCAB = len(SPECIALS) + len(CHARS)
@@ -174,6 +175,18 @@ def test_bad_input(decoder, call, match):
     (lambda d: GenerationConfig(sampling={"temperature": 1}), TypeError, "sampling must be a SamplingParams"),
     (lambda d: GenerationConfig(stop=5), TypeError, "stop must be a string or a list of strings"),
     (lambda d: SamplingParams(temperature=True), ValueError, "temperature"),
+    # token ids: out of range failed in torch's embedding (IndexError) or llama_decode; text with "too many
+    # dimensions"; floats and bools were taken
+    (lambda d: d.generate_ids([5, d.target.vocab_size], SAMPLED), ValueError, "token id .* index 1 .*vocabulary"),
+    (lambda d: d.generate_ids([-1], SAMPLED), ValueError, "token id -1 at index 0"),
+    (lambda d: d.generate_ids("abc", SAMPLED), TypeError, "token ids must be a list of ints"),
+    (lambda d: list(d.stream_ids([1.5], SAMPLED)), TypeError, "token ids must be ints, got 1.5"),
+    (lambda d: d.generate_ids([True, False], SAMPLED), TypeError, "token ids must be ints, got True"),
+    (lambda d: list(d.stream("ab", SAMPLED, stats={})), TypeError, "stats must be a GenerationStats"),
+    (lambda d: list(d.stream_many(["ab", "cd"], SAMPLED, stats=[1, 2])), TypeError, "stats must be a GenerationStats"),
+    (lambda d: d.generate_many(["ab"], None), TypeError, "configs must be a GenerationConfig or one per prompt"),
+    (lambda d: d.generate_many(b"ab", SAMPLED), ValueError, "take a list of prompts"),
+    (lambda d: GenerationConfig(verification=["token"]), ValueError, "verification must be one of"),
 ])
 def test_wrong_types_are_named(decoder, call, error, match):
     with pytest.raises(error, match=match):
@@ -238,3 +251,14 @@ def test_decode_rate_counts_the_rounds_own_work_not_only_drafting_and_the_pass(d
     assert stats.t_decode >= stats.t_draft + stats.t_verify + 0.02 * stats.num_rounds
     assert stats.tokens_per_second == pytest.approx(stats.new_tokens / stats.t_decode)
     assert all(r.t_round >= r.t_draft + r.t_verify for r in stats.rounds)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.text(alphabet="ab\ufffd", max_size=14), st.lists(st.text(alphabet="ab", min_size=1, max_size=7), max_size=3))
+def test_the_stop_hold_back_is_the_longest_tail_that_begins_a_stop(text, stops):
+    """What streaming holds back (text that may yet become a stop string, or a split character) equals
+    the definition, tried length by length (the old code, quadratic in a stop string's length)."""
+    hold = 1 if text.endswith("\ufffd") else 0
+    for s in stops:
+        hold = max([hold] + [n for n in range(1, min(len(s) - 1, len(text)) + 1) if text.endswith(s[:n])])
+    assert _streamable_length(text, tuple(stops)) == len(text) - hold
