@@ -152,7 +152,9 @@ def create_app(decoder: SpeculativeDecoder, model_id: str, max_queue: int = 16,
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
-        messages = [{"role": m.role, "content": m.content} for m in body.messages]
+        # "developer" is OpenAI's newer name for "system", which is what chat templates know
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.content}
+                    for m in body.messages]
         return await _respond(request, body, messages, chat=True)
 
     async def _respond(request: Request, body, prompt, chat: bool):
@@ -172,9 +174,9 @@ def create_app(decoder: SpeculativeDecoder, model_id: str, max_queue: int = 16,
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         created = int(time.time())
         if body.stream:
-            count(metrics, request.url.path, 200)
             include_usage = body.stream_options is not None and body.stream_options.include_usage
-            return StreamingResponse(_sse(job, rid, created, kind, include_usage), media_type="text/event-stream")
+            return StreamingResponse(_sse(job, rid, created, kind, include_usage, request.url.path),
+                                     media_type="text/event-stream")
         watcher = asyncio.create_task(_watch(request, job))
         text = []
         try:
@@ -199,9 +201,13 @@ def create_app(decoder: SpeculativeDecoder, model_id: str, max_queue: int = 16,
         return {"id": rid, "object": kind, "created": created, "model": model_id,
                 "choices": [_choice(kind, "".join(text), stats.finish_reason)], "usage": _usage(job, stats)}
 
-    async def _sse(job: Job, rid: str, created: int, kind: str, include_usage: bool) -> AsyncIterator[str]:
+    async def _sse(job: Job, rid: str, created: int, kind: str, include_usage: bool, path: str
+                   ) -> AsyncIterator[str]:
+        """The stream's events. Its status is counted when it ends, as it ended: 200 after [DONE], the
+        error's status after an error event, 499 when the client left first (the HTTP status line went
+        out as 200 with the first byte, but the metrics say how each request really ended)."""
         chunk_kind = "text_completion" if kind == "text_completion" else "chat.completion.chunk"
-        first = True
+        first, status = True, 499
         try:
             while True:
                 event, payload = await job.events.get()
@@ -215,8 +221,9 @@ def create_app(decoder: SpeculativeDecoder, model_id: str, max_queue: int = 16,
                     yield f"data: {json.dumps(error_body(message, None, kind_))}\n\n"
                     return
                 else:
+                    status = 200
                     usage = _usage(job, payload)
-                    final = _delta(kind, "", payload.finish_reason, first)
+                    final = _delta(kind, "", payload.finish_reason, first, last=True)
                     if include_usage:  # OpenAI: a separate last chunk with no choices carries the usage
                         yield _event(rid, chunk_kind, created, model_id, [final])
                         yield _event(rid, chunk_kind, created, model_id, [], usage=usage)
@@ -226,6 +233,7 @@ def create_app(decoder: SpeculativeDecoder, model_id: str, max_queue: int = 16,
                     return
         finally:
             job.cancelled.set()  # client disconnected (or finished): the worker stops within a round
+            count(metrics, path, status)
 
     return app
 
@@ -277,7 +285,7 @@ def _config(decoder: SpeculativeDecoder, body, ids: list[int], chat: bool) -> Ge
     # no seed: a fresh one (sampling must be random), reported in usage.specdecode.seed for replay
     seed = body.seed if body.seed is not None else secrets.randbits(63)
     try:
-        sampling = SamplingParams(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+        sampling = SamplingParams(temperature=body.temperature, top_p=body.top_p, top_k=max(body.top_k, 0),
                                   min_p=body.min_p)
         return GenerationConfig(max_new_tokens=limit, sampling=sampling, k=body.specdecode.k, seed=seed,
                                 stop=body.stop_strings, verification=body.specdecode.verification,
@@ -292,10 +300,11 @@ def _choice(kind: str, text: str, finish: str) -> dict:
     return {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
 
 
-def _delta(kind: str, text: str, finish: str | None, first: bool) -> dict:
+def _delta(kind: str, text: str, finish: str | None, first: bool, last: bool = False) -> dict:
     if kind == "text_completion":
         return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-    delta = {"role": "assistant", "content": text} if first else {"content": text}
+    # OpenAI's last chat chunk (the one with finish_reason) has an empty delta
+    delta = {"role": "assistant", "content": text} if first else {} if last and not text else {"content": text}
     return {"index": 0, "delta": delta, "finish_reason": finish}
 
 

@@ -40,12 +40,17 @@ Text = Annotated[str, AfterValidator(_encodable)]
 
 # Unsupported fields and the values at which they do nothing (so clients that send defaults still work).
 _NO_OP = {
-    "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0), "logprobs": (None, False, 0),
+    "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0), "logprobs": (None, False),
     "logit_bias": (None, {}),
     "echo": (None, False), "best_of": (None, 1), "suffix": (None, ""),
     "top_logprobs": (None, 0), "tools": (None, []), "tool_choice": (None, "none"),
     "response_format": (None, {"type": "text"}),
+    # chat fields about storage, billing and tools, which change nothing about the text at these values
+    "store": (None, False), "metadata": (None, {}), "parallel_tool_calls": (None, True, False),
+    "service_tier": (None, "auto", "default"),
 }
+# in completions `logprobs` is a count, and 0 still asks for the sampled token's logprob: only null is a no-op
+_COMPLETION_NO_OP = {**_NO_OP, "logprobs": (None,)}
 
 
 class _Strict(BaseModel):
@@ -86,7 +91,7 @@ class _Common(_Strict):
     # allow_inf_nan off: JSON's NaN would otherwise be reported as "should be less than or equal to 2"
     temperature: float = Field(default=1.0, ge=0.0, le=2.0, allow_inf_nan=False)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
-    top_k: int = Field(default=0, ge=0)  # 0 = off
+    top_k: int = Field(default=0, ge=-1)  # 0 = off; -1 = off too (vLLM's way of saying it)
     min_p: float = Field(default=0.0, ge=0.0, le=1.0, allow_inf_nan=False)  # 0 = off
     stop: Text | list[Text] | None = None
     seed: int | None = None  # 0 .. 2^63 - 1 (engine.config.SEED_LIMIT: no two seeds sample alike); OpenAI: int64
@@ -103,7 +108,7 @@ class _Common(_Strict):
     @field_validator(*_NO_OP, mode="before", check_fields=False)
     @classmethod
     def _no_op_only(cls, v, info: ValidationInfo):
-        allowed = _NO_OP[info.field_name]
+        allowed = (_COMPLETION_NO_OP if cls is CompletionRequest else _NO_OP)[info.field_name]
         if allowed is not None and not any(type(v) is type(a) and v == a for a in allowed):
             values = [json.dumps(a) for a in allowed]
             accepted = " or ".join([", ".join(values[:-1]), values[-1]] if len(values) > 2 else values)
@@ -164,7 +169,7 @@ class CompletionRequest(_Common):
 
 
 class Message(_Strict):
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant"]  # developer: OpenAI's newer name for system
     content: Text
     name: Any = None  # OpenAI's participant name: rejected below, the chat template has no place for it
 
@@ -201,6 +206,10 @@ class ChatRequest(_Common):
     tools: Any = None
     tool_choice: Any = None
     response_format: Any = None
+    store: Any = None
+    metadata: Any = None
+    parallel_tool_calls: Any = None
+    service_tier: Any = None
 
     @field_validator("messages")
     @classmethod

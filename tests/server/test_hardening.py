@@ -166,7 +166,6 @@ BAD = [
     ("completions", {"model": "tiny", "prompt": "a", "seed": 2 ** 63}, "seed"),
     ("completions", {"model": "tiny", "prompt": "a", "seed": -2 ** 63 - 1}, "seed"),
     ("completions", {"model": "tiny", "prompt": "a", "seed": 2 ** 64, "stream": True}, "seed"),
-    ("completions", {"model": "tiny", "prompt": "a", "top_k": -1}, "top_k"),
     ("completions", {"model": "tiny", "prompt": "a", "top_k": "x"}, "top_k"),
     ("completions", {"model": "tiny", "prompt": "a", "top_k": 1.5}, "top_k"),
     ("completions", {"model": "tiny", "prompt": "a", "min_p": -1}, "min_p"),
@@ -178,6 +177,12 @@ BAD = [
     ("completions", {"model": "tiny", "prompt": "a", "suffix": "z"}, "suffix"),
     ("completions", {"model": "tiny", "prompt": "a", "presence_penalty": 0.5}, "presence_penalty"),
     ("completions", {"model": "tiny", "prompt": "a", "logprobs": 2}, "logprobs"),
+    # completions' logprobs 0 still asks for the sampled token's logprob (OpenAI, vLLM): not a no-op
+    ("completions", {"model": "tiny", "prompt": "a", "logprobs": 0}, "logprobs"),
+    ("chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "a"}], "store": True}, "store"),
+    ("chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "a"}], "service_tier": "flex"},
+     "service_tier"),
+    ("completions", {"model": "tiny", "prompt": "a", "top_k": -2}, "top_k"),
     ("chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "a"}],
                           "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ("chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "a"}],
@@ -263,6 +268,43 @@ def test_no_op_values_of_unsupported_fields_are_accepted(server):
     r = post(server, "chat/completions", {"model": "tiny", "max_tokens": 3, "user": None,
                                           "messages": [{"role": "user", "content": "a", "name": None}]})
     assert r.status_code == 200, r.text
+    r = post(server, "chat/completions", {"model": "tiny", "max_tokens": 3, "store": False, "metadata": {},
+                                          "parallel_tool_calls": True, "service_tier": "auto", "logprobs": False,
+                                          "messages": [{"role": "user", "content": "a"}]})
+    assert r.status_code == 200, r.text
+
+
+def test_developer_role_is_system_and_top_k_minus_one_is_off(server):
+    """OpenAI's newer "developer" role reads as "system"; vLLM's top_k = -1 means off, as 0 does."""
+    def text(path, body):
+        r = post(server, path, {"model": "tiny", "max_tokens": 8, "temperature": 0, **body})
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        return choice.get("text", choice.get("message", {}).get("content"))
+    system = text("chat/completions", {"messages": [{"role": "system", "content": "be brief"},
+                                                    {"role": "user", "content": "abc"}]})
+    assert text("chat/completions", {"messages": [{"role": "developer", "content": "be brief"},
+                                                  {"role": "user", "content": "abc"}]}) == system
+    sampled = {"prompt": "hello", "temperature": 0.9, "seed": 11}
+    assert text("completions", {**sampled, "top_k": -1}) == text("completions", {**sampled, "top_k": 0})
+
+
+def test_a_stream_is_counted_by_how_it_ended(server):
+    """/metrics counts a stream when it ends: 200 after [DONE], 499 when its client left first (it counted
+    every stream as 200 when it began, failed or not)."""
+    labels = {"endpoint": "/v1/completions"}
+    ok, gone = server.metric("specdecode_requests_total", status="200", **labels), \
+        server.metric("specdecode_requests_total", status="499", **labels)
+    body = {"model": "tiny", "prompt": "a", "max_tokens": 400, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as r:
+        next(r.iter_lines())  # the first event, then hang up
+    r = post(server, "completions", {**body, "max_tokens": 4})
+    assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]")
+    deadline = time.time() + 10
+    while time.time() < deadline and server.metric("specdecode_requests_total", status="499", **labels) == gone:
+        time.sleep(0.05)
+    assert server.metric("specdecode_requests_total", status="499", **labels) == gone + 1
+    assert server.metric("specdecode_requests_total", status="200", **labels) == ok + 1
 
 
 def test_text_parts_are_the_text_they_join_to(server):
@@ -449,6 +491,8 @@ def test_include_usage_sends_a_final_usage_chunk(server, kind):
         chunks = list(client.chat.completions.create(messages=[{"role": "user", "content": "abc"}], **args))
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
     assert all(c.usage is None for c in chunks[:-1]) and chunks[-2].choices[0].finish_reason == "length"
+    if kind == "chat":  # OpenAI's last chunk with a choice has an empty delta (it had {"content": ""})
+        assert chunks[-2].choices[0].delta.content is None and chunks[-2].choices[0].delta.role is None
 
 
 @pytest.mark.parametrize("sent", [b"", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n",
