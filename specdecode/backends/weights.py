@@ -19,6 +19,7 @@ import importlib.metadata
 import importlib.util
 import os
 import shutil
+import struct
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,6 +109,7 @@ def resolve_backend(backend: str, ref: str | os.PathLike | None, device: str) ->
     measured there), transformers for model directories and on CUDA."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    _check_not_empty(ref)
     if backend == "auto":
         return "llama.cpp" if is_gguf(ref) and device == "cpu" else "transformers"
     if backend == "llama.cpp":
@@ -123,6 +125,7 @@ def load_model(ref: str | os.PathLike | None, role: str, dtype: torch.dtype, dev
                progress: bool = True, backend: str = "transformers", llama_settings=None):
     """Load `ref`: None/'embedded' (the default for `role`), a model directory, or a .gguf file,
     on `backend` (already resolved). Returns (model, tokenizer)."""
+    _check_not_empty(ref, role)
     embedded = ref is None or str(ref) == "embedded"
     if backend == "llama.cpp":
         from specdecode.backends.llamacpp import LlamaCppModel, LlamaSettings, LlamaWeights, yield_torch_threads
@@ -139,12 +142,31 @@ def load_model(ref: str | os.PathLike | None, role: str, dtype: torch.dtype, dev
     if path.suffix == ".gguf":
         return load_pretrained(ensure_converted_gguf(_existing_gguf(path), progress=progress), dtype, device,
                                name=path.stem)
-    return load_pretrained(path, dtype, device)
+    return load_pretrained(_not_a_file(path), dtype, device)
+
+
+def _check_not_empty(ref: str | os.PathLike | None, role: str = "model") -> None:
+    """An empty path would become Path('') == '.', and be reported as the current directory."""
+    if ref is not None and str(ref) == "":
+        raise ValueError(f"the {role} path is empty; pass a transformers model directory or a .gguf file, "
+                         f"or leave the option out to use the embedded default")
 
 
 def _existing_gguf(path: Path) -> Path:
+    if path.is_dir():
+        raise ValueError(f"{str(path)!r} is a directory, not a GGUF file; pass the .gguf file itself "
+                         f"(a transformers model directory needs a name that does not end in .gguf)")
     if not path.is_file():
         raise ValueError(f"GGUF file {str(path)!r} does not exist")
+    return path
+
+
+def _not_a_file(path: Path) -> Path:
+    """A file where a model directory is expected (e.g. its config.json) would otherwise be
+    reported as a directory without a config.json."""
+    if path.is_file():
+        raise ValueError(f"{str(path)!r} is a file, not a model directory: give the directory that holds "
+                         f"config.json (or a .gguf file)")
     return path
 
 
@@ -201,9 +223,24 @@ def ensure_converted_gguf(path: Path, progress: bool = True) -> Path:
     key = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
     out = cache_dir() / "models" / f"{path.stem}-{key}"
     if not (out / COMPLETE_MARKER).exists():
+        check_complete_gguf(path)
         out.parent.mkdir(parents=True, exist_ok=True)
         _convert(path, out, progress=progress)
     return out
+
+
+def check_complete_gguf(path: Path) -> None:
+    """Read the whole file's layout (header, metadata, tensor table, each tensor's bytes) before
+    converting it: a truncated download or copy otherwise fails inside the conversion with a
+    traceback about buffer offsets. The gguf package's reader maps the file (seconds for 1 GB)."""
+    from gguf import GGUFReader
+
+    try:
+        GGUFReader(path)
+    except (ValueError, struct.error, IndexError, KeyError, OverflowError) as exc:
+        # UnicodeDecodeError is a ValueError; numpy's reshape of a cut-off tensor raises one too
+        raise ValueError(f"{str(path)!r} is not a complete GGUF file ({path.stat().st_size} bytes; reading it "
+                         f"failed: {exc}); it may be a partial download or copy: copy or download it again") from exc
 
 
 def part_paths(spec: EmbeddedModel) -> list[Path]:

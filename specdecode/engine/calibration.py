@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
+import sys
 import tempfile
 from pathlib import Path
 from typing import Callable, Sequence
@@ -66,11 +68,24 @@ class CalibrationStore:
         return self.directory / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
 
     def load(self, key: str) -> dict | None:
+        """The costs stored under `key`, or None: absent, another key's (a hash collision), or unusable
+        (not JSON, or not the shape `costs()` writes, e.g. edited by hand), which `ensure` then measures
+        anew and overwrites; an unusable file is named on stderr, so a hand edit is not lost silently."""
+        path = self.path(key)
         try:
-            data = json.loads(self.path(key).read_text())
-        except (OSError, ValueError):
-            return None  # absent or unreadable: measure anew
-        return data.get("costs") if data.get("key") == key else None
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            return _ignored(path, f"unreadable: {exc.strerror or exc}")
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+            return _ignored(path, f"not JSON: {exc}")
+        if not isinstance(data, dict):
+            return _ignored(path, "not a JSON object")
+        if data.get("key") != key:
+            return None
+        problem = costs_problem(data.get("costs"))
+        return data["costs"] if problem is None else _ignored(path, problem)
 
     def save(self, key: str, costs: dict) -> None:
         """Write atomically; a cache that cannot be written only costs a recalibration next time."""
@@ -93,3 +108,35 @@ class CalibrationStore:
         measure()
         self.save(key, policy.costs())
         return False
+
+
+def costs_problem(costs) -> str | None:
+    """What makes `costs` unlike what `AdaptiveK.costs()` writes, in words; None if nothing does.
+    Checked before `AdaptiveK.load_costs`, which fails on a missing table or a key that is not a number,
+    and would take a negative time into a cost model that refuses it mid-request."""
+    if not isinstance(costs, dict):
+        return "'costs' is not a JSON object"
+    missing = [table for table in ("t_verify", "t_step") if table not in costs]  # t_catchup came later
+    if missing:
+        return f"no {missing[0]!r}"
+    return next(filter(None, (_table_problem(table, costs.get(table, {}))
+                              for table in ("t_verify", "t_step", "t_catchup"))), None)
+
+
+def _table_problem(table: str, times) -> str | None:
+    if not isinstance(times, dict):
+        return f"{table!r} is not a JSON object"
+    positive = table == "t_verify"  # a pass takes time; a free drafter's step may time as 0
+    for name, t in times.items():
+        if table == "t_verify" and not (name.isdecimal() and int(name) >= 1):
+            return f"{table!r} has the key {name!r}, not a pass size (1, 2, ...)"
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0 \
+                or (positive and t == 0):
+            return f"{table}[{name!r}] is {t!r}, not a {'positive' if positive else 'non-negative'} time"
+    return None
+
+
+def _ignored(path: Path, problem: str) -> None:
+    """One line on stderr naming the file and what is wrong with it; None, as `load` returns."""
+    sys.stderr.write(f"specdecode: ignoring the calibration file {str(path)!r} ({problem}); measuring anew\n")
+    return None

@@ -143,3 +143,57 @@ def test_costs_measured_under_another_version_are_measured_anew(pair, tmp_path):
         assert old != key
         store.save(old, {"t_verify": {"1": 1.0}, "t_step": {}})
         assert store.load(key) is None and store.load(old) is not None
+
+
+GOOD_COSTS = {"t_verify": {"1": 0.01, "2": 0.012}, "t_step": {"lookup": 0.0, "model": 1e-3},
+              "t_catchup": {"model": 1e-4}}
+MALFORMED = {  # what a hand edit or a half-written disk leaves; each is measured anew, never fed to the policy
+    "a list": [],
+    "costs a string": {"costs": "x"},
+    "t_verify a string": {"costs": {**GOOD_COSTS, "t_verify": "x"}},
+    "no t_step": {"costs": {"t_verify": GOOD_COSTS["t_verify"]}},
+    "no t_verify": {"costs": {"t_step": GOOD_COSTS["t_step"]}},
+    "a negative pass time": {"costs": {**GOOD_COSTS, "t_verify": {"1": -0.01}}},
+    "a zero pass time": {"costs": {**GOOD_COSTS, "t_verify": {"1": 0}}},
+    "a pass size that is not a number": {"costs": {**GOOD_COSTS, "t_verify": {"abc": 0.01}}},
+    "pass size 0": {"costs": {**GOOD_COSTS, "t_verify": {"0": 0.01}}},
+    "a time that is a string": {"costs": {**GOOD_COSTS, "t_step": {"lookup": "fast"}}},
+    "a time that is true": {"costs": {**GOOD_COSTS, "t_step": {"lookup": True}}},
+    "a negative step time": {"costs": {**GOOD_COSTS, "t_step": {"lookup": -1.0}}},
+    "an infinite time": {"costs": {**GOOD_COSTS, "t_verify": {"1": float("inf")}}},
+    "t_catchup a list": {"costs": {**GOOD_COSTS, "t_catchup": [1]}},
+}
+
+
+@pytest.mark.parametrize("content", MALFORMED.values(), ids=MALFORMED.keys())
+def test_a_malformed_file_is_treated_as_absent_and_named(tmp_path, capsys, content):
+    store = CalibrationStore(tmp_path)
+    key = "machine | model"
+    if isinstance(content, dict):
+        content = {"key": key, **content}
+    store.path(key).write_text(json.dumps(content))
+    assert store.load(key) is None
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(store.path(key)) in err and "measuring anew" in err
+
+
+def test_a_well_formed_file_loads_quietly(tmp_path, capsys):
+    store = CalibrationStore(tmp_path)
+    store.save("k", GOOD_COSTS)
+    assert store.load("k") == GOOD_COSTS and store.load("absent") is None
+    assert capsys.readouterr().err == ""
+
+
+def test_a_malformed_file_is_measured_anew_and_overwritten(pair, tmp_path, capsys):
+    """End to end: the decoder's first request measures (no AttributeError, KeyError or a cost model's
+    ValueError from the bad file) and replaces the file with costs that load."""
+    store = CalibrationStore(tmp_path)
+    decoder = make(pair, store)
+    key = calibration_key(decoder.target, decoder.drafters)
+    store.path(key).write_text(json.dumps({"key": key, "costs": {**GOOD_COSTS, "t_verify": {"1": -1.0}}}))
+    decoder.policy.__class__ = CountingPolicy
+    CountingPolicy.calibrations = 0
+    assert len(decoder.generate("def f(x):", SAMPLED).tokens) > 0
+    assert CountingPolicy.calibrations == 1
+    assert "ignoring the calibration file" in capsys.readouterr().err
+    assert len(store.load(key)["t_verify"]) == 9
