@@ -74,6 +74,7 @@ class AuditReport:
     law_checks: list[LawCheck] = field(default_factory=list)
     greedy_checks: list[GreedyCheck] = field(default_factory=list)
     control: LawCheck | None = None
+    control_support: int | None = None  # tokens of positive probability in the control's exact law
     seconds: float = 0.0
 
     @property
@@ -87,10 +88,22 @@ class AuditReport:
     @property
     def verdict(self) -> str:
         """"fail" if a check failed; "inconclusive" if none did but the broken control rule went unseen
-        too (too few samples to see a defect of its size); "pass" otherwise."""
+        too (see `advice` for why); "pass" otherwise."""
         if not self.passed:
             return "fail"
         return "inconclusive" if self.control_detected is False else "pass"
+
+    @property
+    def advice(self) -> str | None:
+        """Why the negative control went unseen and what would let the audit see it; None if it was seen."""
+        if self.control_detected is not False:
+            return None
+        if self.control_support == 1:
+            # a one-token law is what every rule emits (and top-k 1 makes the drafts deterministic
+            # too): any number of samples looks the same, so --samples cannot help
+            return ("the sampling settings leave a single token to sample, so the audit cannot tell a broken "
+                    "rule from the right one: raise --top-k, --top-p or --temperature")
+        return "too few samples to see a defect of the control's size: raise --samples for more power"
 
     def to_dict(self) -> dict:
         law = [{**asdict(c), "passed": c.passed} for c in self.law_checks]
@@ -99,6 +112,7 @@ class AuditReport:
                 "law_checks": law, "greedy_checks": [asdict(c) for c in self.greedy_checks],
                 "control": None if self.control is None else {**asdict(self.control),
                                                               "detected": self.control_detected},
+                "advice": self.advice,
                 "seconds": self.seconds}
 
 
@@ -149,6 +163,7 @@ def run_audit(target: Model, drafters: Sequence[Drafter], prompts: Sequence[Sequ
     draws = sample_first_tokens(target, drafters, policy, prompts[0], sampling, config.samples, 1, generator,
                                 CONTROLS[config.control], tick, neighbours)
     cells = {(t,): float(p[t]) for t in range(p.shape[0]) if p[t] > 0}
+    report.control_support = len(cells)
     report.control = law_check(f"negative control ({config.control}, prompt 1)", draws, cells, 0.0, level,
                                time.perf_counter() - t0)
 

@@ -75,7 +75,7 @@ def run_audit_cmd(args: argparse.Namespace) -> int:
                          for c in report.greedy_checks]))
     c = report.control
     verdict = "[green]detected[/] (the audit has power)" if report.control_detected else \
-        "[yellow]NOT detected[/]: raise --samples for more power"
+        f"[yellow]NOT detected[/]: {report.advice}"
     console.print(f"negative control {c.name}: p-value {c.p_value:.3g} at level {c.level:.2g}: {verdict}")
     overall = {"pass": "[green]PASS[/]", "fail": "[red]FAIL[/]",
                "inconclusive": "[yellow]INCONCLUSIVE[/] (no check failed, but the control was not detected either)"}

@@ -22,7 +22,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--alpha", type=float, nargs="+", default=None,
                    help="acceptance rate(s) in [0, 1] (default: 0.5 .. 0.9; not with --p/--q, which give alpha)")
     p.add_argument("--c", type=positive_finite, default=10.0, help="c = T_target / T_draft (default 10)")
-    p.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6, 7, 8], help="draft lengths K")
+    p.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6, 7, 8], help="draft lengths K, 1..64")
     p.add_argument("--p", type=_floats, help="target distribution, e.g. 0.7,0.3 (with --q: alpha from the pair)")
     p.add_argument("--q", type=_floats, help="draft distribution, e.g. 0.4,0.6")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
@@ -30,8 +30,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     s = sub.add_parser("simulate", help="Monte Carlo rounds vs the formulas (exercise 6)",
                        description="Simulate speculative rounds over a random (p, q) pair with the real rule.")
-    s.add_argument("--vocab", type=int, default=100, help="vocabulary size (default 100)")
-    s.add_argument("--k", type=int, default=4, help="draft length K (default 4)")
+    s.add_argument("--vocab", type=int, default=100, help="vocabulary size, 2..262144 (default 100)")
+    s.add_argument("--k", type=int, default=4, help="draft length K, 1..64 (default 4)")
     s.add_argument("--rounds", type=int, default=10_000, help="number of rounds (default 10000)")
     s.add_argument("--closeness", type=float, default=0.8, help="0 = independent q, 1 = q equals p")
     s.add_argument("--seed", type=seed_int, default=0)
@@ -54,10 +54,15 @@ def _floats(text: str) -> list[float]:
 
 
 DEFAULT_ALPHAS = (0.5, 0.6, 0.7, 0.8, 0.9)
+K_MAX = 64  # speedup() uses CostModel.flat, whose cost curve covers K <= 64
+VOCAB_MAX = 262_144  # the largest vocabularies in use (Gemma 3: 262,144 tokens)
+# simulate: rounds x (K+1) x V probabilities verified, ~10 ns each on one CPU core, so at most
+# about 90 s (the defaults at Qwen's 151,936 tokens take about 80 s); beyond it, say so instead of hanging
+WORK_MAX = 2**33
 
 
 def run_theory(args: argparse.Namespace) -> int:
-    alphas = list(args.alpha or DEFAULT_ALPHAS)
+    alphas = list(dict.fromkeys(args.alpha or DEFAULT_ALPHAS))  # one row per alpha, as per K, in order
     pair_alpha = None
     if (args.p is None) != (args.q is None):
         raise ValueError("--p and --q go together: give both distributions to compute alpha")
@@ -69,8 +74,10 @@ def run_theory(args: argparse.Namespace) -> int:
         pair_alpha = acceptance_rate(p, q)
         alphas = [pair_alpha]
     ks = sorted(set(args.k))
-    if any(k < 1 for k in ks):
-        raise ValueError("--k values must be >= 1")
+    bad = [k for k in ks if not 1 <= k <= K_MAX]
+    if bad:
+        raise ValueError(f"--k values must be 1..{K_MAX} (the speedup model's cost curve covers K <= {K_MAX}), "
+                         f"got {bad[0]}")
     rows = [{"alpha": a, "K": k, "E[N]": expected_tokens(a, k), "speedup": speedup(a, args.c, k)}
             for a in alphas for k in ks]
     best = {a: optimal_k(a, args.c, k_max=max(ks)) for a in alphas}
@@ -93,8 +100,18 @@ def run_theory(args: argparse.Namespace) -> int:
 
 
 def run_simulate(args: argparse.Namespace) -> int:
-    if args.vocab < 2:
-        raise ValueError("--vocab must be >= 2")
+    # bounds first: the simulator's time grows with rounds x K x V, and its memory with K
+    if not 2 <= args.vocab <= VOCAB_MAX:
+        raise ValueError(f"--vocab must be 2..{VOCAB_MAX}, got {args.vocab}")
+    if not 1 <= args.k <= K_MAX:
+        raise ValueError(f"--k must be 1..{K_MAX} (as in `specdecode theory`), got {args.k}")
+    if args.rounds < 1:
+        raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
+    per_round = (args.k + 1) * args.vocab
+    if args.rounds * per_round > WORK_MAX:
+        raise ValueError(f"--rounds {args.rounds} at --k {args.k} and --vocab {args.vocab} would verify "
+                         f"{args.rounds * per_round:.2g} probabilities (minutes of CPU): give --rounds "
+                         f"{WORK_MAX // per_round} or fewer, or a smaller --k or --vocab")
     if not 0 <= args.closeness <= 1:
         raise ValueError("--closeness must be in [0, 1]")
     g = torch.Generator().manual_seed(args.seed)

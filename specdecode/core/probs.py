@@ -213,20 +213,20 @@ def sample_with_uniform(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     t = u.to(torch.float64).unsqueeze(-1)
     if w.shape[-1] <= 2 * _BLOCK:
         cdf = w.cumsum(dim=-1)
-        return _inverse_cdf(cdf, t * cdf[..., -1:]).squeeze(-1)
+        return inverse_cdf(cdf, t * cdf[..., -1:]).squeeze(-1)
     blocks = torch.nn.functional.pad(w, (0, -w.shape[-1] % _BLOCK)).unflatten(-1, (-1, _BLOCK))  # [..., nb, B]
     ends = blocks.sum(dim=-1).cumsum(dim=-1)  # where each block's cumulative weight ends
     t = t * ends[..., -1:]
-    b = _inverse_cdf(ends, t)  # the block holding t (it has weight)
+    b = inverse_cdf(ends, t)  # the block holding t (it has weight)
     start = torch.where(b > 0, ends.gather(-1, (b - 1).clamp_min(0)), torch.zeros_like(t))
     inside = blocks.gather(-2, b.unsqueeze(-1).expand(*b.shape, _BLOCK)).squeeze(-2).cumsum(dim=-1) + start
-    return (b * _BLOCK + _inverse_cdf(inside, t)).squeeze(-1)
+    return (b * _BLOCK + inverse_cdf(inside, t)).squeeze(-1)
 
 
 _BLOCK = 1024  # entries per block of the two-level inverse CDF (sample_with_uniform)
 
 
-def _inverse_cdf(cdf: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+def inverse_cdf(cdf: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """The first index whose cumulative weight exceeds t [..., 1], capped at the last index with
     weight (the first that reaches the row's end value)."""
     i = torch.searchsorted(cdf, t, right=True)

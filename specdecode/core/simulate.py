@@ -5,6 +5,10 @@ round drafts K tokens from q and runs the real batched `verify` on them, so the
 simulator checks the production rule, not a re-implementation. Because the
 context does not matter here, every emitted token is an independent draw from p,
 and N (tokens per round) follows P(N=i) = alpha^(i-1)(1-alpha), P(N=K+1) = alpha^K.
+
+Memory stays bounded at any vocabulary and K: drafts are drawn from q's one cumulative
+sum (not from B x K copies of q), and a batch holds at most BATCH_ELEMENTS of the
+B x (K+1) x V entries that `verify` reads.
 """
 
 from __future__ import annotations
@@ -13,9 +17,15 @@ from dataclasses import dataclass
 
 import torch
 
-from specdecode.core.probs import sample
+from specdecode.core.probs import inverse_cdf
 from specdecode.core.theory import acceptance_rate, expected_tokens, tokens_per_round_pmf
 from specdecode.core.verify import Randomness, verify
+
+
+# entries of the [B, K+1, V] target rows one batch verifies: its [B, V] float64 temporaries (residual,
+# cumulative sums) then stay under 2**24 / (K+1) * 8 bytes = 64 MB each, at any V and K (a fixed 4096
+# rounds a batch, drafted by `sample` from q expanded to [B, K, V], allocated 26 GB at V = 100,000, K = 8)
+BATCH_ELEMENTS = 2**24
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +43,10 @@ class SimulationResult:
 
 def simulate_rounds(p: torch.Tensor, q: torch.Tensor, k: int, rounds: int,
                     generator: torch.Generator, batch: int = 4096) -> SimulationResult:
-    """Simulate `rounds` independent rounds with K drafts from q, verified against p."""
+    """Simulate `rounds` independent rounds with K drafts from q, verified against p.
+
+    `batch` is the most rounds verified at once; fewer where K x V is large (BATCH_ELEMENTS).
+    """
     if p.dim() != 1 or p.shape != q.shape:
         raise ValueError(f"p and q must be vectors of the same length, got {tuple(p.shape)} and {tuple(q.shape)}")
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -44,12 +57,13 @@ def simulate_rounds(p: torch.Tensor, q: torch.Tensor, k: int, rounds: int,
     V = p.shape[0]
     n_counts = torch.zeros(k + 1, dtype=torch.long)
     token_counts = torch.zeros(V, dtype=torch.long)
+    per_batch = max(1, min(batch, BATCH_ELEMENTS // ((k + 1) * V)))
+    q_cdf = q.to(torch.float64).cumsum(0)
     done = 0
     while done < rounds:
-        b = min(batch, rounds - done)
-        q_b = q.expand(b, k, V)
-        draft = sample(q_b, generator)
-        result = verify(draft, q_b, p.expand(b, k + 1, V), Randomness.draw(b, k, generator))
+        b = min(per_batch, rounds - done)
+        draft = _draw(q_cdf, (b, k), generator)
+        result = verify(draft, q.expand(b, k, V), p.expand(b, k + 1, V), Randomness.draw(b, k, generator))
         n_counts += torch.bincount(result.n_accepted, minlength=k + 1)
         emitted = result.tokens[result.tokens >= 0]
         token_counts += torch.bincount(emitted, minlength=V)
@@ -60,6 +74,15 @@ def simulate_rounds(p: torch.Tensor, q: torch.Tensor, k: int, rounds: int,
         n_counts=tuple(n_counts.tolist()), n_pmf=tuple(tokens_per_round_pmf(alpha, k)),
         token_counts=tuple(token_counts.tolist()), p=tuple(p.tolist()),
     )
+
+
+def _draw(cdf: torch.Tensor, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+    """Independent draws from the law whose cumulative sum is `cdf` [V]: the inverse CDF of
+    `sample_with_uniform` (the first index whose cumulative weight exceeds u * total, capped at
+    the last index with weight), on one shared row: `sample` on q expanded to [B, K, V] copies
+    it B x K times for the same law."""
+    u = torch.rand(shape, generator=generator, dtype=torch.float64)
+    return inverse_cdf(cdf, u * cdf[-1])
 
 
 def random_pair(vocab: int, generator: torch.Generator, sharpness: float = 1.0,

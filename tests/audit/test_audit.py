@@ -126,3 +126,24 @@ def test_tree_drafter_passes_and_its_controls_are_detected(pair):
     assert report.control_detected is True
     broken = run_audit(target, drafters, PROMPTS, SETTINGS["t1"], config, rule=residual_from_p, progress=False)
     assert not broken.passed and any(not c.passed for c in broken.law_checks)
+
+
+def test_tv_bound_never_exceeds_one():
+    """TV is at most 1, but tv + margin was reported as 1.03, 1.16, 1.26 with few samples: clipped."""
+    from specdecode.audit.checks import law_check
+    cells = {(t,): 1 / 50 for t in range(50)}
+    check = law_check("n", [(0,)] * 20, cells, 0.0, 1e-3, 0.0)  # 20 samples, all one token: tv = 0.98
+    assert check.tv == pytest.approx(0.98) and check.tv_bound == 1.0
+
+
+def test_a_one_token_law_says_so_instead_of_asking_for_samples():
+    """With top-k 1 every rule emits the one token left, so the control can never be seen: the advice
+    was "raise --samples", which cannot help; it must name the sampling settings instead. (A draft
+    with the target's weights: with any other argmax, always-accept emits a token of probability 0.)"""
+    target, draft = tiny_pair(vocab=V, seed=3, noise=0.0, scale=0.2)
+    config = AuditConfig(samples=20, greedy_tokens=4, k=3)
+    report = run_audit(target, [ModelDrafter(draft)], PROMPTS[:1], SamplingParams(top_k=1), config,
+                       progress=False)
+    assert report.verdict == "inconclusive" and report.control_support == 1
+    assert "single token" in report.advice and "--top-k" in report.advice and "--samples" not in report.advice
+    assert report.to_dict()["advice"] == report.advice

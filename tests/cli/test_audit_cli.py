@@ -43,4 +43,4 @@ def test_an_audit_that_cannot_see_its_control_is_inconclusive_not_a_pass(capsys,
                "--prompt", "abcab", "--k", "3", "--samples", "20", "--greedy-tokens", "8", "--json"])
     doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert doc["control"]["detected"] is False and doc["passed"] is True
-    assert rc == 3 and doc["verdict"] == "inconclusive"
+    assert rc == 3 and doc["verdict"] == "inconclusive" and "raise --samples" in doc["advice"]

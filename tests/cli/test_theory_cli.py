@@ -31,6 +31,12 @@ def test_theory_tables_render(capsys):
     assert "optimal K" in out and "break-even" in out and "3.36" in out.replace("3.362", "3.36")
 
 
+def test_theory_repeated_alpha_is_one_row(capsys):
+    """K values were de-duplicated but alpha values were not: `--alpha 0.5 0.5` printed every row twice."""
+    out = run_json(capsys, "theory", "--alpha", "0.6", "0.5", "0.6", "--k", "2", "2")
+    assert [(r["alpha"], r["K"]) for r in out["rows"]] == [(0.6, 2), (0.5, 2)]
+
+
 def test_simulate_json(capsys):
     out = run_json(capsys, "simulate", "--rounds", "3000", "--k", "3", "--seed", "1")
     assert abs(out["mean_tokens"] - out["expected_tokens"]) < 0.15
@@ -48,8 +54,14 @@ def test_rand7_json(capsys):
     (["theory", "--alpha", "1.5"], "alpha must be in [0, 1]"),
     (["theory", "--p", "0.5,0.5"], "--p and --q go together"),
     (["theory", "--p", "0.5,0.6", "--q", "0.5,0.5"], "probability vector"),
-    (["theory", "--k", "0"], "--k values must be >= 1"),
-    (["simulate", "--k", "0"], "K must be an integer >= 1"),
+    (["theory", "--k", "0"], "--k values must be 1..64"),
+    (["theory", "--k", "4", "65"], "--k values must be 1..64"),  # was the cost curve's "K <= 64" error
+    (["simulate", "--k", "0"], "--k must be 1..64"),
+    (["simulate", "--k", "1000000000", "--rounds", "1"], "--k must be 1..64"),  # was 13 GB and a hang
+    (["simulate", "--rounds", "0"], "--rounds must be >= 1"),
+    (["simulate", "--vocab", "262145"], "--vocab must be 2..262144"),
+    # was a 26 GB allocation; now memory is bounded, and work that would take minutes is refused
+    (["simulate", "--vocab", "100000", "--rounds", "100000", "--k", "8"], "give --rounds 9544 or fewer"),
     (["rand7", "--n", "0"], "--n must be >= 1"),
 ])
 def test_bad_input_is_one_clear_line(capsys, argv, message):
