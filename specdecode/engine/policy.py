@@ -394,7 +394,10 @@ class AdaptiveK:
         self.t_draft_batch.observe((drafter, rows), seconds, self.ema / max(1, reporters))
 
     def wants_calibration(self) -> bool:
-        return not self.t_verify or any(n not in self.t_verify for n in self.batch_sizes)
+        """No costs yet, or none for a pass size this policy may choose (1..k_max+1, and a batch's sizes):
+        a calibration file written by a policy with a smaller k_max lacks the larger sizes."""
+        return not self.t_verify or any(n not in self.t_verify
+                                        for n in (*range(1, self.k_max + 2), *self.batch_sizes))
 
     def calibrate(self, time_pass: Callable[[int], float | None],
                   time_step: dict[str, Callable[[], float | None]],

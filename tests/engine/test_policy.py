@@ -371,6 +371,22 @@ def test_batch_sizes_are_calibrated_when_missing():
     assert set(policy.t_verify) == {1, 2, 3, 8, 16} and not policy.wants_calibration()
 
 
+def test_a_smaller_k_maxs_costs_are_calibrated_again():
+    """A calibration file written by a policy with k_max = 4 (sizes 1..5) was loaded by one with k_max = 8,
+    which then had no cost for passes of 6-9 tokens (benchmarks/lookup_bound.py died on a KeyError)."""
+    policy = AdaptiveK(k_max=8, sweeps=1)
+    policy.load_costs({"t_verify": {str(n): 0.05 + 0.01 * n for n in range(1, 6)}, "t_step": {}})
+    assert policy.wants_calibration()
+    policy.calibrate(lambda n: 0.01 * n, {})
+    assert set(policy.t_verify) == set(range(1, 10)) and not policy.wants_calibration()
+    assert not _loaded(AdaptiveK(k_max=4), range(1, 6)).wants_calibration()  # what it needs, it has
+
+
+def _loaded(policy: AdaptiveK, sizes) -> AdaptiveK:
+    policy.load_costs({"t_verify": {str(n): 0.01 * n for n in sizes}, "t_step": {}})
+    return policy
+
+
 def test_tree_alternatives_are_kept_while_they_pay():
     """A flat pass cost (GPU-like) keeps every alternative with a gain; a pass whose every extra token
     costs most of a step (this CPU) keeps none; in between, the better ones first."""
