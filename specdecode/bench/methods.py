@@ -7,6 +7,8 @@ Face's run `model.generate` on the very same target weights, with the plain
 
 from __future__ import annotations
 
+import contextlib
+
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -177,6 +179,29 @@ def build_ours(target: str | None, draft: str | None, backend: str, dtype: str, 
     return methods, info
 
 
+@contextlib.contextmanager
+def same_weight_buffers():
+    """`Llama(...)` loads its weights as our backend does: without llama.cpp's extra buffer types in
+    a build with AMX (`backends.llamacpp.amx_build`: its AMX path crashed the process). Llama takes no
+    such option, so the defaults it asks llama.cpp for are adjusted while it loads (this process only
+    runs llama.cpp's methods)."""
+    from llama_cpp import llama_cpp as ll
+
+    from specdecode.backends.llamacpp import amx_build
+
+    defaults = ll.llama_model_default_params
+
+    def params():
+        p = defaults()
+        p.use_extra_bufts = not amx_build(ll)
+        return p
+    ll.llama_model_default_params = params
+    try:
+        yield
+    finally:
+        ll.llama_model_default_params = defaults
+
+
 def build_llamacpp_native(target: str | None, threads: int, n_ctx: int,
                           eos_ids: list[int]) -> tuple[list[Method], dict]:
     """llama.cpp's own decoding of the same GGUF (llama-cpp-python's `Llama.generate`): plain, and
@@ -191,8 +216,9 @@ def build_llamacpp_native(target: str | None, threads: int, n_ctx: int,
     threads = threads or default_threads()
 
     def make(name: str, **extra) -> Method:
-        llm = Llama(model_path=path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=512,
-                    verbose=False, **extra)
+        with same_weight_buffers():
+            llm = Llama(model_path=path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=512,
+                        verbose=False, **extra)
 
         def run(ids: list[int], sampling: SamplingParams, seed: int, max_new: int) -> RunResult:
             llm.reset()  # no KV reuse across runs: every method prefills its prompt
