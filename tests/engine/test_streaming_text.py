@@ -8,6 +8,7 @@ is exact and deterministic.
 from __future__ import annotations
 
 import functools
+from types import SimpleNamespace
 
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -76,7 +77,8 @@ def tokenizer_and_ids():
 
 def scripted_decoder(tokenizer, ids: list[int], sizes: list[int]):
     """A decoder whose rounds are `ids` cut into rounds of the given sizes (cycled)."""
-    decoder = SpeculativeDecoder(target=None, tokenizer=tokenizer, eos_ids=[])
+    # no model runs: the target only tells the prompt's check how many token ids there are
+    decoder = SpeculativeDecoder(target=SimpleNamespace(vocab_size=len(tokenizer)), tokenizer=tokenizer, eos_ids=[])
 
     def rounds(_ids, _config, stats, _speculative):
         i, r = 0, 0
