@@ -61,7 +61,7 @@ def amx_build(ll) -> bool:
     with AMX). llama-cpp-python 0.3.36's AMX path crashed the process (a segfault in libggml-cpu at the
     first pass) on a 2-core Xeon VM with AMX, so weights then load without llama.cpp's extra buffer
     types. That costs nothing there: with AMX present, the Q4_K weights were not repacked anyway (only
-    the AMX buffer takes tensors; README, "The machine")."""
+    the AMX buffer takes tensors; README, "A second machine")."""
     return b"AMX_INT8 = 1" in ll.llama_print_system_info()
 
 
