@@ -152,9 +152,7 @@ def create_app(decoder: SpeculativeDecoder, model_id: str, max_queue: int = 16,
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
-        # "developer" is OpenAI's newer name for "system", which is what chat templates know
-        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.content}
-                    for m in body.messages]
+        messages = [{"role": m.role, "content": m.content} for m in body.messages]
         return await _respond(request, body, messages, chat=True)
 
     async def _respond(request: Request, body, prompt, chat: bool):
@@ -285,7 +283,7 @@ def _config(decoder: SpeculativeDecoder, body, ids: list[int], chat: bool) -> Ge
     # no seed: a fresh one (sampling must be random), reported in usage.specdecode.seed for replay
     seed = body.seed if body.seed is not None else secrets.randbits(63)
     try:
-        sampling = SamplingParams(temperature=body.temperature, top_p=body.top_p, top_k=max(body.top_k, 0),
+        sampling = SamplingParams(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
                                   min_p=body.min_p)
         return GenerationConfig(max_new_tokens=limit, sampling=sampling, k=body.specdecode.k, seed=seed,
                                 stop=body.stop_strings, verification=body.specdecode.verification,

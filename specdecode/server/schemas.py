@@ -11,7 +11,7 @@ no-op value and otherwise rejected with a 400 naming the field.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -86,12 +86,13 @@ class StreamOptions(_Strict):
 
 
 class _Common(_Strict):
+    NO_OPS: ClassVar[dict] = _NO_OP  # unsupported fields and their do-nothing values
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
     # allow_inf_nan off: JSON's NaN would otherwise be reported as "should be less than or equal to 2"
     temperature: float = Field(default=1.0, ge=0.0, le=2.0, allow_inf_nan=False)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
-    top_k: int = Field(default=0, ge=-1)  # 0 = off; -1 = off too (vLLM's way of saying it)
+    top_k: int = Field(default=0, ge=-1)  # 0 = off; -1 = off too (vLLM's way of saying it), read as 0
     min_p: float = Field(default=0.0, ge=0.0, le=1.0, allow_inf_nan=False)  # 0 = off
     stop: Text | list[Text] | None = None
     seed: int | None = None  # 0 .. 2^63 - 1 (engine.config.SEED_LIMIT: no two seeds sample alike); OpenAI: int64
@@ -108,12 +109,17 @@ class _Common(_Strict):
     @field_validator(*_NO_OP, mode="before", check_fields=False)
     @classmethod
     def _no_op_only(cls, v, info: ValidationInfo):
-        allowed = (_COMPLETION_NO_OP if cls is CompletionRequest else _NO_OP)[info.field_name]
+        allowed = cls.NO_OPS[info.field_name]
         if allowed is not None and not any(type(v) is type(a) and v == a for a in allowed):
             values = [json.dumps(a) for a in allowed]
             accepted = " or ".join([", ".join(values[:-1]), values[-1]] if len(values) > 2 else values)
             raise ValueError(f"{info.field_name} is not supported: leave it out, or send {accepted} (which do nothing)")
         return v
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k_off(cls, v: int) -> int:
+        return max(v, 0)  # -1 and 0 both mean off: the engine knows one of them
 
     @field_validator("seed")
     @classmethod
@@ -154,6 +160,7 @@ class _Common(_Strict):
 
 
 class CompletionRequest(_Common):
+    NO_OPS: ClassVar[dict] = _COMPLETION_NO_OP
     prompt: Text | list[Text]
     echo: Any = None
     best_of: Any = None
@@ -172,6 +179,11 @@ class Message(_Strict):
     role: Literal["system", "developer", "user", "assistant"]  # developer: OpenAI's newer name for system
     content: Text
     name: Any = None  # OpenAI's participant name: rejected below, the chat template has no place for it
+
+    @field_validator("role")
+    @classmethod
+    def _developer_is_system(cls, v: str) -> str:
+        return "system" if v == "developer" else v  # the name chat templates know
 
     @field_validator("content", mode="before")
     @classmethod
