@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from specdecode.checks import integer, real
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -34,15 +36,18 @@ class SamplingParams:
     min_p: float = 0.0  # drop tokens below min_p * max probability; 0 => off
 
     def __post_init__(self) -> None:
-        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) \
-                or not math.isfinite(self.temperature) or self.temperature < 0:
+        temperature, top_k, top_p, min_p = real(self.temperature), integer(self.top_k), real(self.top_p), real(self.min_p)
+        if temperature is None or not math.isfinite(temperature) or temperature < 0:
             raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+        if top_k is None or top_k < 0:
             raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
-        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):
+        if top_p is None or not (0.0 < top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
-        if isinstance(self.min_p, bool) or not isinstance(self.min_p, (int, float)) or not (0.0 <= self.min_p <= 1.0):
+        if min_p is None or not (0.0 <= min_p <= 1.0):
             raise ValueError(f"min_p must be in [0, 1] (0 = off), got {self.min_p!r}")
+        # frozen: normalised once, here (numpy scalars become Python numbers)
+        for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p), ("min_p", min_p)):
+            object.__setattr__(self, name, value)
 
     @property
     def greedy(self) -> bool:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specdecode.checks import integer
 from specdecode.core.probs import inverse_cdf
 from specdecode.core.theory import acceptance_rate, expected_tokens, tokens_per_round_pmf
 from specdecode.core.verify import Randomness, verify
@@ -49,7 +50,7 @@ def simulate_rounds(p: torch.Tensor, q: torch.Tensor, k: int, rounds: int,
     """
     if p.dim() != 1 or p.shape != q.shape:
         raise ValueError(f"p and q must be vectors of the same length, got {tuple(p.shape)} and {tuple(q.shape)}")
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+    if integer(k) is None or k < 1:
         raise ValueError(f"K must be an integer >= 1, got {k!r}")
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")

@@ -19,6 +19,8 @@ from typing import Sequence
 
 import torch
 
+from specdecode.checks import integer
+
 
 def acceptance_rate(p: torch.Tensor, q: torch.Tensor) -> float:
     """alpha = sum_x min(p(x), q(x)) for two distributions over the same vocabulary."""
@@ -137,7 +139,7 @@ def _check_alpha(alpha: float) -> None:
 
 
 def _check_k(k: int, minimum: int) -> None:
-    if isinstance(k, bool) or not isinstance(k, int) or k < minimum:
+    if integer(k) is None or k < minimum:
         raise ValueError(f"K must be an integer >= {minimum}, got {k!r}")
 
 

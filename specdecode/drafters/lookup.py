@@ -20,7 +20,7 @@ from typing import Sequence
 import torch
 
 from specdecode.core.probs import SamplingParams
-from specdecode.drafters.protocol import Proposal
+from specdecode.drafters.protocol import Proposal, Situation
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +29,13 @@ class LookupConfig:
     max_n: int = 4  # longest suffix tried (longest match wins)
     max_proposal: int = 10  # never propose more than this many tokens
     long_match: int = 16  # matches this long and longer are one class for adaptive K (`situation`)
+    # (m, alpha): the first copied token's acceptance after a match of m or more tokens, adaptive K's
+    # prior for a class before the request gives evidence for it. Measured on the embedded pair's
+    # greedy outputs of all 24 bench prompts (code generation, code editing, chat; 160 tokens each;
+    # benchmarks/lookup_bound.py): 0.50, 0.70, 0.85 and 0.96 after 2-3, 4-7, 8-15 and 16+ tokens;
+    # each half of the prompts gave the same to 0.03. A neutral prior (0.5 for every class) left the
+    # 16+ class undrafted for a request's first rounds: 4.6% slower on code editing (replayed).
+    match_priors: tuple[tuple[int, float], ...] = ((2, 0.50), (4, 0.70), (8, 0.85), (16, 0.96))
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_n <= self.max_n:
@@ -37,6 +44,14 @@ class LookupConfig:
             raise ValueError(f"max_proposal must be >= 1, got {self.max_proposal}")
         if self.long_match < self.max_n:
             raise ValueError(f"long_match must be >= max_n ({self.max_n}), got {self.long_match}")
+        bounds = [m for m, _ in self.match_priors]
+        if not self.match_priors or bounds != sorted(set(bounds)) or not all(0 < a < 1 for _, a in self.match_priors):
+            raise ValueError(f"match_priors must be (length, acceptance) pairs with increasing lengths and "
+                             f"acceptances in (0, 1), got {self.match_priors!r}")
+
+    def prior(self, match: int) -> float:
+        """The acceptance `match_priors` gives a match of this length (the shortest bound's below it)."""
+        return next((a for m, a in reversed(self.match_priors) if m <= match), self.match_priors[0][1])
 
 
 class NgramIndex:
@@ -119,14 +134,13 @@ class LookupDrafter:
         self._follow(context)
         return self.index.propose(k, path) if k > 0 else []
 
-    def situation(self, context: Sequence[int]) -> int | None:
+    def situation(self, context: Sequence[int]) -> Situation | None:
         """The class of this round's match, for adaptive K to keep acceptance evidence per class:
-        its length counted back past max_n, in classes 2-3, 4-7, 8-15 and 16+ (the number of bits;
-        None: no match). On the embedded pair's greedy outputs the first copied token was accepted
-        37-53% of the time after a 2-3 token match and 95-96% after 16+ (README, adaptive K)."""
+        its length counted back past max_n, in classes 2-3, 4-7, 8-15 and 16+ (the key is the number
+        of bits; None: no match), with the class's measured acceptance as its prior (`match_priors`)."""
         self._follow(context)
         m = self.index.match_length(self.config.long_match)
-        return m.bit_length() if m else None
+        return Situation(m.bit_length(), self.config.prior(m)) if m else None
 
     def _follow(self, context: Sequence[int]) -> None:
         if len(context) < len(self.index.tokens):  # not an extension: a new request without reset()

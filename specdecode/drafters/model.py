@@ -52,6 +52,7 @@ import time
 import torch
 
 from specdecode.backends.protocol import Model, Row, common_prefix, forward_batch
+from specdecode.checks import integer
 from specdecode.core.probs import SamplingParams, argmax, logits_to_probs
 from specdecode.core.reproducible import sample_token
 from specdecode.core.tree import remove
@@ -104,7 +105,7 @@ class ModelDrafter:
                  branches: ContinuationSource | None = None) -> None:
         if not 0.0 <= min_confidence < 1.0:
             raise ValueError(f"min_confidence must be in [0, 1), got {min_confidence}")
-        if isinstance(tree, bool) or not isinstance(tree, int) or tree < 0:
+        if integer(tree) is None or tree < 0:
             raise ValueError(f"tree must be an integer >= 0 (extra tree nodes per round; 0 = a chain), got {tree!r}")
         self.model = model
         self.min_confidence = min_confidence

@@ -8,7 +8,7 @@ drafter, whose q is one-hot at the proposed token.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Hashable, Protocol, Sequence
 
 import torch
 
@@ -48,6 +48,20 @@ class Proposal:
                         [index[self.parents[j]] for j in keep], [self.gains[i] for i in sorted(best)])
 
 
+@dataclass(frozen=True, slots=True)
+class Situation:
+    """A drafter's class of a round (`Drafter.situation`) with the acceptance it measured for that
+    class: adaptive K starts a class it has no evidence for at `prior` (a bare hashable situation
+    starts neutral). Equal keys must carry equal priors: the pair is the evidence's key."""
+
+    key: Hashable
+    prior: float
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.prior < 1.0:
+            raise ValueError(f"a situation's prior acceptance must be in (0, 1), got {self.prior!r}")
+
+
 class ContinuationSource(Protocol):
     """A deterministic drafter that can continue any path below the context (prompt lookup, the
     suffix drafter): the draft model hangs its continuations in its tree as branches."""
@@ -70,7 +84,8 @@ class Drafter(Protocol):
     # ContinuationSource (the loop asks `continuation(context, (), 1)`). Absent = False.
     free: bool
     # Optional: `situation(context) -> Hashable | None`, a class of this round (prompt lookup: its
-    # match's length) under which adaptive K keeps a separate acceptance estimate.
+    # match's length) under which adaptive K keeps a separate acceptance estimate; a `Situation`
+    # also says what acceptance to assume before the request gives evidence for it.
 
     def reset(self) -> None:
         """A new request starts: forget its state (a drafter may keep a bounded history of earlier requests)."""

@@ -34,6 +34,7 @@ from typing import Sequence
 
 import torch
 
+from specdecode.checks import integer
 from specdecode.core.probs import SamplingParams
 from specdecode.drafters.protocol import Proposal
 
@@ -97,7 +98,7 @@ class SuffixDrafter:
     """Drafter over ContinuationCounts of the live context plus a bounded history of earlier requests."""
 
     def __init__(self, config: SuffixConfig = SuffixConfig(), tree: int = 0) -> None:
-        if isinstance(tree, bool) or not isinstance(tree, int) or tree < 0:
+        if integer(tree) is None or tree < 0:
             raise ValueError(f"tree must be an integer >= 0 (extra tree nodes per round; 0 = a chain), got {tree!r}")
         self.config = config
         self.tree = tree

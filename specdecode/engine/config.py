@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specdecode.checks import integer
 from specdecode.core import VERIFY_RULES
 from specdecode.core.probs import SamplingParams
 
@@ -41,14 +42,18 @@ class GenerationConfig:
     reproducible: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
-                or self.max_new_tokens < 1:
+        max_new_tokens, k, seed = integer(self.max_new_tokens), integer(self.k), integer(self.seed)
+        if max_new_tokens is None or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
-        if self.k is not None and (isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1):
+        if self.k is not None and (k is None or k < 1):
             raise ValueError(f"k must be an integer >= 1 (for plain decoding use --no-spec / "
                              f"speculative=False), got {self.k!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < SEED_LIMIT:
+        if seed is None or not 0 <= seed < SEED_LIMIT:
             raise ValueError(f"seed must be an integer from 0 to 2**63 - 1, got {self.seed!r}")
+        # frozen: normalised once, here (numpy integers become ints)
+        object.__setattr__(self, "max_new_tokens", max_new_tokens)
+        object.__setattr__(self, "k", k)
+        object.__setattr__(self, "seed", seed)
         if not isinstance(self.verification, str) or self.verification not in VERIFY_RULES:
             raise ValueError(f"verification must be one of {', '.join(VERIFY_RULES)}, got {self.verification!r}")
         if not isinstance(self.reproducible, bool):

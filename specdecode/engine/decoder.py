@@ -11,6 +11,7 @@ from transformers import PreTrainedTokenizerBase
 
 from specdecode.backends.hf import resolve_device, resolve_dtype
 from specdecode.backends.protocol import Model
+from specdecode.checks import integer
 from specdecode.core.probs import SamplingParams
 from specdecode.drafters import auto_drafters
 from specdecode.drafters.lookup import LookupDrafter
@@ -70,7 +71,7 @@ class SpeculativeDecoder:
                  eos_ids: Sequence[int] | None = None, policy: AdaptiveK | None = None,
                  calibration: CalibrationStore | None = None, recalibrate: bool = False,
                  max_batch: int = 1) -> None:
-        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+        if integer(max_batch) is None or max_batch < 1:
             raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         self.target, self.tokenizer, self.drafters = target, tokenizer, list(drafters)
         # slot 0 is (target, drafters); the others are their siblings (one cache each)
@@ -139,10 +140,10 @@ class SpeculativeDecoder:
         elif threads or n_ctx:
             raise ValueError("--threads/--n-ctx apply to the llama.cpp backend")
         torch_dtype = resolve_dtype(dtype, device)
-        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 0:
+        if integer(max_batch) is None or max_batch < 0:
             raise ValueError(f"max_batch must be an integer >= 1 (0 = auto), got {max_batch!r}")
         max_batch = max_batch or (DEFAULT_MAX_BATCH if backend == "llama.cpp" else 1)
-        if isinstance(tree, bool) or not isinstance(tree, int) or not 0 <= tree <= MAX_TREE:
+        if integer(tree) is None or not 0 <= tree <= MAX_TREE:
             raise ValueError(f"tree must be an integer in 0..{MAX_TREE} (extra draft-tree nodes per round), got {tree!r}")
         loads_draft = drafter in ("auto", "model")  # the drafters that run a draft model
         if draft is not None and not loads_draft:

@@ -19,7 +19,8 @@ curve (`core.theory.CostModel`). It estimates:
   where the draft model must be re-tested with real drafts now and then. A drafter that
   reports a situation per round gets an estimate per situation: prompt lookup's match
   length class (a 2-token coincidence is copied right far less often than a 16-token
-  shared history), so long matches draft and short ones do not.
+  shared history), so long matches draft and short ones do not. A class starts at the
+  acceptance the drafter measured for it (`Situation.prior`), else neutral.
 Keeping the timings fixed and the acceptance state per request makes K a function of
 the request's own outcomes, so a seed reproduces its sample within a process
 (`track_costs=True` keeps refining the timings online instead, at that price).
@@ -215,6 +216,10 @@ class AdaptiveK:
     # lookup) are free and heard through shadows, so a class can earn its drafts by evidence at no
     # cost, where optimism paid a rejected pass for every new class (codegen lost 0.9% so, measured)
     situation_prior: float = 0.5
+    # ... unless the drafter measured the class (`drafters.protocol.Situation.prior`): that prior is
+    # held as firmly as this many tested positions. Replayed on the embedded pair's greedy outputs
+    # (benchmarks/lookup_bound.py), 4 beat 1, 2 and 8 on all three prompt sets.
+    measured_prior_weight: float = 4.0
     forget: float = 0.98  # per-round decay of old acceptance evidence
     ema: float = 0.2  # weight of a new timing observation
     explore_every: int = 16  # try K=1 after this many rounds without drafting, to keep measuring
@@ -250,8 +255,11 @@ class AdaptiveK:
     # --- estimates -----------------------------------------------------------------------
     def alpha(self, drafter: str, situation: Hashable = None) -> float:
         s = self._state(drafter, situation)
-        prior = self.prior_alpha if situation is None else self.situation_prior
-        return (s.accepted + prior * self.prior_weight) / (s.tested + self.prior_weight)
+        prior, weight = self.prior_alpha, self.prior_weight
+        if situation is not None:
+            measured = getattr(situation, "prior", None)  # a drafters.protocol.Situation
+            prior, weight = (self.situation_prior, weight) if measured is None else (measured, self.measured_prior_weight)
+        return (s.accepted + prior * weight) / (s.tested + weight)
 
     def cost_model(self, drafter: str, lag: int = 0) -> CostModel:
         curve = self._effective_curve()

@@ -35,6 +35,7 @@ from typing import Hashable, Iterator, Sequence
 import torch
 
 from specdecode.backends.protocol import Row, common_prefix
+from specdecode.checks import integer
 from specdecode.engine.config import DEFAULT_PREFILL_TOKENS, GenerationConfig
 from specdecode.engine.decoder import Chunk, Generation, SpeculativeDecoder, TextAssembler, check_stats
 from specdecode.engine.loop import Round, start, step
@@ -92,7 +93,7 @@ class Scheduler:
         rounds a waiting prompt may get no piece before it goes first. isolate: a failed round ends
         only the requests at fault (`_alone`); else `step` releases every request and raises."""
         for name, value in (("prefill_tokens", prefill_tokens), ("patience", patience)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if integer(value) is None or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         self.decoder, self.prefill_tokens, self.patience, self.isolate = decoder, prefill_tokens, patience, isolate
         self.isolated = 0  # shared rounds that failed and ran row by row (`_alone`): a count for /metrics

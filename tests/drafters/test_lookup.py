@@ -6,6 +6,7 @@ from hypothesis import given, settings, strategies as st
 
 from specdecode.core.probs import GREEDY
 from specdecode.drafters.lookup import LookupConfig, LookupDrafter, NgramIndex, lookup
+from specdecode.drafters.protocol import Situation
 
 CFG = LookupConfig(min_n=2, max_n=3, max_proposal=5)
 
@@ -81,13 +82,13 @@ def test_match_length_counts_back_past_max_n_and_classes_it():
     fresh = list(range(100, 120))
     assert drafter.situation(fresh) is None  # nothing repeats: no match, no class
     drafter.reset()
-    assert drafter.situation([7, 8, 1, 2, 9, 1, 2]) == 2  # a 2-token coincidence (1, 2)
+    assert drafter.situation([7, 8, 1, 2, 9, 1, 2]) == Situation(2, 0.50)  # a 2-token coincidence (1, 2)
     drafter.reset()
     copied = fresh[:10] + [0] + fresh[:6]  # the last 6 tokens repeat an earlier stretch
-    assert drafter.index.match_length(16) == 0 and drafter.situation(copied) == (6).bit_length()
+    assert drafter.index.match_length(16) == 0 and drafter.situation(copied) == Situation((6).bit_length(), 0.70)
     drafter.reset()
     long = fresh + [0] + fresh  # a 20-token copy: capped at 16, the top class
-    assert drafter.situation(long) == 5 and drafter.index.match_length(16) == 16
+    assert drafter.situation(long) == Situation(5, 0.96) and drafter.index.match_length(16) == 16
     assert drafter.index.match_length(64) == 20
     # the class describes the match `propose` copies from: its continuation is what follows it
     assert drafter.continuation(long, (), 1) == [0]  # what followed fresh's first occurrence
@@ -96,3 +97,11 @@ def test_match_length_counts_back_past_max_n_and_classes_it():
 def test_long_match_must_cover_max_n():
     with pytest.raises(ValueError, match="long_match"):
         LookupConfig(max_n=4, long_match=3)
+
+
+def test_match_priors_are_checked_and_read_by_length():
+    config = LookupConfig()
+    assert [config.prior(m) for m in (1, 2, 3, 4, 7, 8, 15, 16, 40)] == [0.5, 0.5, 0.5, 0.7, 0.7, 0.85, 0.85, 0.96, 0.96]
+    for bad in ((), ((4, 0.7), (2, 0.5)), ((2, 1.0),), ((2, 0.5), (2, 0.6))):
+        with pytest.raises(ValueError, match="match_priors"):
+            LookupConfig(match_priors=bad)

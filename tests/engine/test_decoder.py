@@ -1,5 +1,6 @@
 """The text API: seeds, streaming, stop strings, chat template, and clear errors on bad input."""
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -191,6 +192,19 @@ def test_bad_input(decoder, call, match):
 def test_wrong_types_are_named(decoder, call, error, match):
     with pytest.raises(error, match=match):
         call(decoder)
+
+
+def test_numpy_numbers_are_numbers(decoder):
+    """A budget or a temperature computed with numpy (np.int64, np.float32) was refused as "not an
+    integer"; it is taken, and stored as a Python number. numpy's bool is still refused."""
+    config = GenerationConfig(max_new_tokens=np.int64(5), k=np.int32(2), seed=np.uint64(7),
+                              sampling=SamplingParams(temperature=np.float32(0.5), top_k=np.int64(3)))
+    assert (config.max_new_tokens, config.k, config.seed) == (5, 2, 7)
+    assert type(config.max_new_tokens) is int and type(config.sampling.temperature) is float
+    assert config.sampling.top_k == 3 and type(config.sampling.top_k) is int
+    assert len(decoder.generate_ids([1, 2, 3], config)) == 5
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        GenerationConfig(max_new_tokens=np.bool_(True))
 
 
 def test_one_stop_string_is_one_stop_not_its_characters(decoder):

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from specdecode.core.theory import CostModel, optimal_k
+from specdecode.drafters.protocol import Situation
 from specdecode.engine.policy import ALONE, AdaptiveK, BatchLoad, FixedK, _DrafterState
 
 
@@ -422,6 +423,24 @@ def test_acceptance_is_learned_per_situation():
     # a drafted round's evidence goes to its situation too
     apart.observe("lookup", 8, 0, 0.0, 9, 7.0, situation=5)
     assert apart.alpha("lookup", 5) < 0.93 and apart.alpha("lookup", 2) == pytest.approx(0.4, abs=0.02)
+
+
+def test_a_measured_situation_starts_at_its_prior():
+    """A request's first rounds: prompt lookup's 16+ class (measured 0.96) drafts before any
+    evidence, its 2-3 class (0.50) does not, on a CPU-like curve; a bare situation starts neutral,
+    and evidence still moves a measured class (held as `measured_prior_weight` tested positions).
+    Control: with the neutral prior, the 16+ class does not draft at first (what cost code editing
+    4.6%, replayed on the embedded pair's outputs)."""
+    curve = {str(n): 1.0 + 0.5 * (n - 1) for n in range(1, 10)}
+    policy = AdaptiveK(k_max=8)
+    policy.load_costs({"t_verify": curve, "t_step": {"lookup": 1e-4}})
+    long, short = Situation(5, 0.96), Situation(2, 0.50)
+    assert policy.alpha("lookup", long) == 0.96 and policy.alpha("lookup", 5) == policy.situation_prior
+    assert policy.choose("lookup", situation=long) == 6 and policy.choose("lookup", situation=short) == 0
+    assert policy.choose("lookup", situation=5) == 0  # the control: neutral, no draft yet
+    for _ in range(4):
+        policy.observe("lookup", 8, 0, 0.0, 9, 5.0, situation=long)
+    assert policy.alpha("lookup", long) < 0.5 and policy.choose("lookup", situation=long) == 0
 
 
 class ObservingK(AdaptiveK):

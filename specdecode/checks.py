@@ -1,0 +1,21 @@
+"""Argument checks shared by the library's entry points (configs, the decoder, the theory)."""
+
+from __future__ import annotations
+
+import numbers
+
+
+def integer(value: object) -> int | None:
+    """`value` as a Python int if it is an integer (numpy's integer scalars included: a budget
+    computed with numpy, `np.int64(64)`, is an integer), else None. A bool is not an integer here:
+    `max_new_tokens=True` is a mistake, not 1."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        return None
+    return int(value)
+
+
+def real(value: object) -> float | None:
+    """`value` as a Python float if it is a real number (numpy's float32 included; a bool is not), else None."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    return float(value)
