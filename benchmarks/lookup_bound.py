@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -204,7 +205,7 @@ def main() -> None:
         cells = [acceptance[s].get(_label(b)) for b in MATCH_BUCKETS]
         lines.append(f"| {s} | " + " | ".join(f"{c['alpha']:.2f} ({c['tested']})" if c else "-" for c in cells)
                      + " |")
-    lines += ["", f"Command: `python benchmarks/lookup_bound.py --prompts-per-set {args.prompts_per_set}`"]
+    lines += ["", "Command: `python benchmarks/lookup_bound.py " + " ".join(sys.argv[1:]) + "`"]
     (out / "lookup_bound.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -27,7 +27,7 @@ from specdecode.drafters.protocol import Proposal, Situation
 class LookupConfig:
     min_n: int = 2  # shortest suffix worth matching
     max_n: int = 4  # longest suffix tried (longest match wins)
-    max_proposal: int = 10  # never propose more than this many tokens
+    max_proposal: int = 16  # never propose more than this many tokens (adaptive K's k_max)
     long_match: int = 16  # matches this long and longer are one class for adaptive K (`situation`)
     # (m, alpha): the first copied token's acceptance after a match of m or more tokens, adaptive K's
     # prior for a class before the request gives evidence for it. Measured on the embedded pair's

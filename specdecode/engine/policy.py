@@ -205,7 +205,12 @@ class _DrafterState:
 class AdaptiveK:
     """Per-round K from running estimates of alpha, draft cost and the verification-cost curve."""
 
-    k_max: int = 8
+    # The most drafts a round may verify. On llama.cpp without repacked weights (the Intel VM) passes
+    # of 8 to 16 tokens cost the same (its tiled kernel, ~3.3 steps), so long copies draft 16: replayed
+    # on prompt lookup's recorded outputs, code editing 1.26x -> 1.33x of plain decoding (8 -> 16), no
+    # change elsewhere. Where that end of the curve is steep (repacked weights: 6-7 steps) the costs
+    # keep K short; only the calibration measures the larger passes too.
+    k_max: int = 16
     # Before evidence, assume a good draft, held lightly: drafting one token too many costs
     # t_draft (a sixth of a pass with the default draft), one too few forgoes up to a whole
     # token; the embedded pair measures alpha 0.65 (chat) to 0.91 (code). Two rejections

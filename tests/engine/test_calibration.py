@@ -45,7 +45,7 @@ def test_first_decoder_measures_and_saves(pair, tmp_path):
     assert len(files) == 1
     saved = json.loads(files[0].read_text())
     assert saved["key"] == calibration_key(first.target, first.drafters)
-    assert set(saved["costs"]["t_step"]) == {"lookup", "model"} and len(saved["costs"]["t_verify"]) == 9
+    assert set(saved["costs"]["t_step"]) == {"lookup", "model"} and len(saved["costs"]["t_verify"]) == first.policy.k_max + 1
     assert set(saved["costs"]["t_catchup"]) == {"model"}  # only a stateful drafter can fall behind
 
 
@@ -53,7 +53,8 @@ def test_second_decoder_reads_the_costs_and_reproduces_the_sample(pair, tmp_path
     store = CalibrationStore(tmp_path)
     # costs under which drafting pays (a flat pass, a cheap draft), as a machine would have measured them
     key = calibration_key(make(pair, store).target, make(pair, store).drafters)
-    store.save(key, {"t_verify": {str(n): 0.01 for n in range(1, 10)}, "t_step": {"lookup": 1e-5, "model": 1e-3}})
+    sizes = range(1, make(pair, store).policy.k_max + 2)
+    store.save(key, {"t_verify": {str(n): 0.01 for n in sizes}, "t_step": {"lookup": 1e-5, "model": 1e-3}})
     samples = []
     for _ in range(2):  # two processes would start like this: an empty policy, the same cache
         decoder = make(pair, store)
@@ -196,4 +197,4 @@ def test_a_malformed_file_is_measured_anew_and_overwritten(pair, tmp_path, capsy
     assert len(decoder.generate("def f(x):", SAMPLED).tokens) > 0
     assert CountingPolicy.calibrations == 1
     assert "ignoring the calibration file" in capsys.readouterr().err
-    assert len(store.load(key)["t_verify"]) == 9
+    assert len(store.load(key)["t_verify"]) == decoder.policy.k_max + 1
