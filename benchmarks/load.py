@@ -68,14 +68,18 @@ class Server:
 
 def llama_server_command(binary: Path, port: int, slots: int) -> list[str]:
     """llama.cpp's server on the embedded target GGUF, set up as `specdecode serve --max-batch slots` is:
-    per-slot context min(trained, 32768 / slots), one unified KV pool, the same thread count."""
-    from specdecode.backends.llamacpp import default_threads
+    per-slot context min(trained, 32768 / slots), one unified KV pool, the same thread count, and on a
+    build with AMX the same weight buffers (`--no-repack`: its default load takes the AMX path that
+    crashed; backends/llamacpp.py's `amx_build`)."""
+    import llama_cpp
+
+    from specdecode.backends.llamacpp import amx_build, default_threads
     from specdecode.backends.weights import TARGET, ensure_gguf
 
     threads = str(default_threads())
     return [str(binary), "-m", str(ensure_gguf(TARGET)), "--host", "127.0.0.1", "--port", str(port),
             "-np", str(slots), "-c", str(32768 // slots * slots), "--kv-unified", "-t", threads, "-tb", threads,
-            "--no-webui", "-ngl", "0"]
+            "--no-webui", "-ngl", "0", *(["--no-repack"] if amx_build(llama_cpp) else [])]
 
 
 class FreshPrompts(list):
