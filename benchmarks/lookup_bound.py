@@ -3,10 +3,12 @@
 For greedy decoding the target's output is fixed, so for every round we know in hindsight how
 many of the lookup drafter's proposed tokens the target would accept (a). An oracle that drafts
 exactly those a tokens (K = a, or a plain step when a = 0) emits a + 1 tokens for one pass of
-a + 1 tokens, and no policy that uses this drafter does better (a longer draft only adds cost,
-a shorter one forgoes tokens the pass would have given almost for free). Its speedup over plain
-decoding, sum of tokens * T(1) / sum of T(K + 1), decode only (the prefill is the same for all),
-bounds what adaptive K can reach with prompt lookup on this target, backend and machine.
+a + 1 tokens: in every round a longer draft would only add cost, a shorter one forgo tokens the
+pass would have given almost for free. (It is greedy round by round: a policy that stopped short
+could land on a position where lookup matches longer, so this is a practical bound, not a
+theorem.) Its speedup over plain decoding, sum of tokens * T(1) / sum of T(K + 1), decode only
+(the prefill is the same for all), bounds what adaptive K can reach with prompt lookup on this
+target, backend and machine.
 
     python benchmarks/lookup_bound.py --prompts-per-set 8 --out benchmarks/results/lookup_bound
 

@@ -196,6 +196,10 @@ class LlamaContext:
             raise ValueError(f"n_batch={settings.n_batch} is below the context's {params.n_seq_max} sequence ids "
                              f"({settings.n_seq_max} sequences x (1 + {settings.tree_leaves} tree leaves)): raise "
                              f"n_batch or lower the batch or the tree")
+        # llama.cpp clamps n_batch to the pool and reserves an output per sequence id, so a pool smaller
+        # than the ids (n_ctx=1 with 9 ids) aborted the process; the engine still holds each sequence
+        # to per_seq tokens (max_length), so a larger pool changes nothing else
+        params.n_ctx = max(params.n_ctx, params.n_seq_max)
         params.kv_unified = True  # one ubatch for all sequences (see LlamaSettings)
         if not 1 <= settings.threads() <= MAX_THREADS:
             raise ValueError(f"threads must be 1 to {MAX_THREADS} (this machine has {default_threads()} cores), "
@@ -362,6 +366,7 @@ class LlamaCppModel:
         self.name = name or weights.name
         self.vocab_size = weights.n_vocab
         self.max_length = self.context.max_length
+        self.context_setting = "n_ctx (--n-ctx)"  # named when a prompt does not fit (engine/loop.py)
         self.seq_id = seq_id
         self.device = torch.device("cpu")
         # llama.cpp quantises activations per pass, so a K-token pass and K one-token passes (or a

@@ -30,6 +30,8 @@ class Model(Protocol):
     name: str
     vocab_size: int  # logits width
     max_length: int  # context limit in tokens
+    # Optional: `context_setting`, the option that sets max_length where a user can (llama.cpp:
+    # "n_ctx (--n-ctx)"), named when a prompt does not fit; absent: the model's own limit.
 
     @property
     def length(self) -> int:

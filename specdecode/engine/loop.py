@@ -72,8 +72,10 @@ def new_sequence(slot: Slot, prompt: Seq[int], config: GenerationConfig, eos_ids
     if not prompt:
         raise ValueError("the prompt is empty: give at least one token")
     if len(prompt) + 1 > target.max_length:
+        setting = getattr(target, "context_setting", None)  # what sets the context, if the user can
         raise ValueError(f"the prompt has {len(prompt)} tokens but {target.name} has a context of "
-                         f"{target.max_length}: shorten the prompt")
+                         f"{target.max_length} (the prompt and one new token at least must fit): shorten the "
+                         f"prompt" + (f" or raise {setting}" if setting else ""))
     if policy is None:
         policy = FixedK(config.k) if config.k is not None else AdaptiveK()
     rule = rule if rule is not None else VERIFY_RULES[config.verification]

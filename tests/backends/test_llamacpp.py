@@ -18,6 +18,7 @@ from specdecode.core.probs import GREEDY
 from specdecode.drafters.lookup import LookupDrafter
 from specdecode.engine.config import GenerationConfig
 from specdecode.engine.decoder import SpeculativeDecoder
+from specdecode.engine.loop import generate_tokens
 
 pytestmark = pytest.mark.slow
 
@@ -94,6 +95,10 @@ def test_errors_are_clear(model):
     # llama.cpp would abort the process (an output slot per sequence id) instead of raising
     with pytest.raises(ValueError, match="n_batch=8 is below the context's 9 sequence ids"):
         LlamaCppModel(model.weights, LlamaSettings(n_ctx=256, n_batch=8, tree_leaves=8))
+    # a prompt longer than --n-ctx allows said "shorten the prompt", even for a 1-token prompt in --n-ctx 1
+    # (and a context of n_ctx=1 alone aborted the process in llama.cpp: a pool smaller than its sequence ids)
+    with pytest.raises(ValueError, match=r"context of 1 \(the prompt and one new token.*or raise n_ctx \(--n-ctx\)"):
+        generate_tokens(LlamaCppModel(model.weights, LlamaSettings(n_ctx=1)), [], [1], GenerationConfig(), frozenset())
 
 
 @pytest.fixture(scope="module")

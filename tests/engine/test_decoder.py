@@ -194,6 +194,19 @@ def test_wrong_types_are_named(decoder, call, error, match):
         call(decoder)
 
 
+def test_a_prompt_that_does_not_fit_names_the_setting_that_would_fit_it(decoder):
+    """A prompt that does not fit said only "shorten the prompt"; where the backend's context is a
+    setting (llama.cpp's --n-ctx), the error now names it too."""
+    with pytest.raises(ValueError, match="must fit\\): shorten the prompt$"):  # a model's own limit: nothing to raise
+        decoder.generate("a" * 300, SAMPLED)
+    decoder.target.context_setting = "n_ctx (--n-ctx)"
+    try:
+        with pytest.raises(ValueError, match="shorten the prompt or raise n_ctx \\(--n-ctx\\)$"):
+            decoder.generate("a" * 300, SAMPLED)
+    finally:
+        del decoder.target.context_setting
+
+
 def test_numpy_numbers_are_numbers(decoder):
     """A budget or a temperature computed with numpy (np.int64, np.float32) was refused as "not an
     integer"; it is taken, and stored as a Python number. numpy's bool is still refused."""
