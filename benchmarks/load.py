@@ -238,7 +238,10 @@ def main() -> None:
         ap.error("--clients must be 1..64, --requests 1..20, --paired 0..48 and --repeat 1..10 (a bounded load)")
     if "llama-server" in args.configs and (args.llama_server is None or not args.llama_server.is_file()):
         ap.error("the llama-server configuration needs --llama-server PATH to the built binary")
-    prompts = [item["prompt"] for name in ("codegen", "codeedit", "chat") for item in load_prompts(name)]
+    # the sets in turn (code generation, code editing, chat, code generation, ...): every level's requests mix
+    # all three (set after set, the levels of 1-4 clients ran code generation alone, where lookup seldom pays)
+    prompts = [item["prompt"] for items in zip(*(load_prompts(name) for name in ("codegen", "codeedit", "chat")))
+               for item in items]
     if args.fresh:  # a first line no request shares: no prompt cache can serve any of it
         prompts = FreshPrompts(prompts)
     b = str(args.max_batch)
