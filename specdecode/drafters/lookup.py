@@ -19,6 +19,7 @@ from typing import Sequence
 
 import torch
 
+from specdecode.checks import integer, real
 from specdecode.core.probs import SamplingParams
 from specdecode.drafters.protocol import Proposal, Situation
 
@@ -44,10 +45,16 @@ class LookupConfig:
             raise ValueError(f"max_proposal must be >= 1, got {self.max_proposal}")
         if self.long_match < self.max_n:
             raise ValueError(f"long_match must be >= max_n ({self.max_n}), got {self.long_match}")
-        bounds = [m for m, _ in self.match_priors]
-        if not self.match_priors or bounds != sorted(set(bounds)) or not all(0 < a < 1 for _, a in self.match_priors):
+        try:
+            pairs = tuple((integer(m), real(a)) for m, a in self.match_priors)
+            valid = bool(pairs) and all(m is not None and a is not None and 0 < a < 1 for m, a in pairs) \
+                and [m for m, _ in pairs] == sorted({m for m, _ in pairs})
+        except (TypeError, ValueError):  # not pairs of numbers
+            valid = False
+        if not valid:
             raise ValueError(f"match_priors must be (length, acceptance) pairs with increasing lengths and "
                              f"acceptances in (0, 1), got {self.match_priors!r}")
+        object.__setattr__(self, "match_priors", pairs)  # frozen: normalised once, here (hashable)
 
     def prior(self, match: int) -> float:
         """The acceptance `match_priors` gives a match of this length (the shortest bound's below it)."""

@@ -102,6 +102,7 @@ def test_long_match_must_cover_max_n():
 def test_match_priors_are_checked_and_read_by_length():
     config = LookupConfig()
     assert [config.prior(m) for m in (1, 2, 3, 4, 7, 8, 15, 16, 40)] == [0.5, 0.5, 0.5, 0.7, 0.7, 0.85, 0.85, 0.96, 0.96]
-    for bad in ((), ((4, 0.7), (2, 0.5)), ((2, 1.0),), ((2, 0.5), (2, 0.6))):
+    assert LookupConfig(match_priors=[[2, 0.5]]).match_priors == ((2, 0.5),)  # lists are pairs too, kept hashable
+    for bad in ((), ((4, 0.7), (2, 0.5)), ((2, 1.0),), ((2, 0.5), (2, 0.6)), [(2, "x")], [(2.5, 0.5)], 5, ((2,),)):
         with pytest.raises(ValueError, match="match_priors"):
             LookupConfig(match_priors=bad)
