@@ -1,7 +1,7 @@
 """Adaptive K's measured costs, kept per machine, model, backend and drafter in the cache directory.
 
 Calibrating (timing target passes of 1..k_max+1 tokens and each drafter's step) takes seconds
-on the llama.cpp backend and up to a minute on a slow one; doing it once per machine
+on the llama.cpp backend and minutes on a slow one; doing it once per machine
 keeps it out of every process's first request, and makes K, and so a seeded sample,
 the same in every process that reads the same file. `recalibrate=True` measures anew
 (and rewrites the file); delete the directory to forget every entry.
