@@ -43,19 +43,6 @@ from specdecode.engine.stats import GenerationStats
 MATCH_BUCKETS = ((2, 3), (4, 7), (8, 15), (16, 10**9))
 
 
-def match_length(index: NgramIndex, cap: int = 64) -> int:
-    """How many tokens the context's tail shares with the earlier text lookup copies from."""
-    tokens, n = index.tokens, len(index.tokens)
-    for size in range(min(index.config.max_n, n), index.config.min_n - 1, -1):
-        end = index.last_end(tuple(tokens[n - size:]))
-        if end is not None:
-            length = 0
-            while length < cap and end - length >= 0 and tokens[end - length] == tokens[n - 1 - length]:
-                length += 1
-            return length
-    return 0
-
-
 def replay(prompt: list[int], output: list[int], curve: dict[int, float], k_max: int) -> dict:
     """Walk the greedy output as the oracle would; return its time, plain time and acceptance by match."""
     index = NgramIndex(LookupConfig(max_proposal=k_max))
@@ -67,7 +54,7 @@ def replay(prompt: list[int], output: list[int], curve: dict[int, float], k_max:
         while accepted < len(proposal) and proposal[accepted] == output[i + accepted]:
             accepted += 1
         if proposal:
-            length = match_length(index)
+            length = index.match_length(64)  # how far the tail agrees with what lookup copies from
             bucket = next(b for b in MATCH_BUCKETS if b[0] <= length <= b[1])
             by_bucket[bucket][0] += accepted
             by_bucket[bucket][1] += min(accepted + 1, len(proposal))  # positions tested
@@ -144,11 +131,10 @@ def record(sets: list[str], prompts_per_set: int, max_new_tokens: int) -> dict:
     return {"costs": decoder.policy.costs(), "k_max": decoder.policy.k_max, "runs": runs}
 
 
-def analyse(recorded: dict) -> tuple[dict, dict]:
+def analyse(recorded: dict, curve: dict[int, float]) -> tuple[dict, dict]:
     """Per set: the oracle's and adaptive K's speedups over plain decoding (geomean, min, max), and
-    lookup's acceptance by match length."""
+    lookup's acceptance by match length (`curve`: the recording's pass cost by size)."""
     k_max = recorded["k_max"]
-    curve = {int(n): t for n, t in recorded["costs"]["t_verify"].items()}
     ratios, buckets = defaultdict(lambda: {"oracle": [], "adaptive": []}), defaultdict(lambda: [0, 0])
     for run in recorded["runs"]:
         name, prompt, output = run["set"], run["prompt"], run["output"]
@@ -188,8 +174,8 @@ def main() -> None:
         recorded = record(args.sets, args.prompts_per_set, args.max_new_tokens)
         if args.save_outputs:
             Path(args.save_outputs).write_text(json.dumps(recorded))
-    rows, acceptance = analyse(recorded)
     curve = {int(n): t for n, t in recorded["costs"]["t_verify"].items()}
+    rows, acceptance = analyse(recorded, curve)
     sets = list(rows)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

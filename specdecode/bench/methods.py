@@ -8,7 +8,6 @@ Face's run `model.generate` on the very same target weights, with the plain
 from __future__ import annotations
 
 import contextlib
-
 import time
 from dataclasses import dataclass
 from typing import Callable
