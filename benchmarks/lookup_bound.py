@@ -28,7 +28,7 @@ import argparse
 import json
 import statistics
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import torch
@@ -131,6 +131,31 @@ def record(sets: list[str], prompts_per_set: int, max_new_tokens: int) -> dict:
     return {"costs": decoder.policy.costs(), "k_max": decoder.policy.k_max, "runs": runs}
 
 
+def load_recording(path: Path, sets: list[str], per_set: int, fail) -> dict:
+    """A file written by --save-outputs, its runs cut to `sets` and the first `per_set` prompts of
+    each (`fail(message)` for a file that is missing or not such a recording)."""
+    problem = "not a recording written by --save-outputs"
+    try:
+        recorded = json.loads(path.read_text())
+        if isinstance(recorded.get("costs", {}).get("t_verify"), dict) and isinstance(recorded.get("k_max"), int) \
+                and all({"set", "id", "prompt", "output"} <= r.keys() for r in recorded.get("runs", [])):
+            problem = None
+    except (OSError, ValueError) as e:  # missing, unreadable, not JSON
+        problem = str(e)
+    except AttributeError:  # JSON, but not objects where the recording has them
+        pass
+    if problem:
+        fail(f"--replay {path}: {problem}")
+    taken, runs = Counter(), []
+    for run in recorded["runs"]:
+        if run["set"] in sets and taken[run["set"]] < per_set:
+            taken[run["set"]] += 1
+            runs.append(run)
+    if not runs:
+        fail(f"--replay {path} has no runs of the sets {', '.join(sets)}")
+    return {**recorded, "runs": runs}
+
+
 def analyse(recorded: dict, curve: dict[int, float]) -> tuple[dict, dict]:
     """Per set: the oracle's and adaptive K's speedups over plain decoding (geomean, min, max), and
     lookup's acceptance by match length (`curve`: the recording's pass cost by size)."""
@@ -165,11 +190,16 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--out", default="benchmarks/results/lookup_bound")
     ap.add_argument("--save-outputs", metavar="FILE", help="keep the greedy outputs and the curve here")
-    ap.add_argument("--replay", metavar="FILE", help="analyse outputs kept by --save-outputs (no model)")
+    ap.add_argument("--replay", metavar="FILE", help="analyse outputs kept by --save-outputs (no model; --sets and "
+                                                     "--prompts-per-set choose among them)")
     args = ap.parse_args()
+    if unknown := set(args.sets) - set(PROMPT_SETS):
+        ap.error(f"unknown prompt set(s) {sorted(unknown)}; choose from {', '.join(PROMPT_SETS)}")
+    if args.prompts_per_set < 1 or args.max_new_tokens < 1:
+        ap.error("--prompts-per-set and --max-new-tokens must be >= 1")
 
     if args.replay:
-        recorded = json.loads(Path(args.replay).read_text())
+        recorded = load_recording(Path(args.replay), args.sets, args.prompts_per_set, ap.error)
     else:
         recorded = record(args.sets, args.prompts_per_set, args.max_new_tokens)
         if args.save_outputs:
