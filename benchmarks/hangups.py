@@ -17,21 +17,17 @@ import argparse
 import sys
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 
 import httpx
 import openai
 
-from load import Server  # benchmarks/ is on the path when run as a script
+from load import Server, counters  # benchmarks/ is on the path when run as a script
 
 PROMPTS = ("def fib(n):", "Write a haiku about rust.", "class Stack:\n    def push(self, x):",
            "Explain TCP slow start in one sentence.", "import numpy as np\n# normalise the rows of a matrix\n")
-
-
-def metric(url: str, name: str) -> float:
-    """The sum of a Prometheus metric's samples (all label sets)."""
-    return sum(float(line.rsplit(" ", 1)[1]) for line in httpx.get(url + "/metrics", timeout=10).text.splitlines()
-               if line.startswith(name) and not line.startswith("#"))
+METRICS = frozenset({"specdecode_running_generations", "specdecode_queued_requests", "specdecode_cancelled_total",
+                     "specdecode_batch_size_sum", "specdecode_batch_size_count"})
 
 
 def main() -> None:
@@ -45,10 +41,10 @@ def main() -> None:
     if not 1 <= args.clients <= 64 or not 1 <= args.requests <= 20 or not 1 <= args.max_tokens <= 512 \
             or not 1 <= args.max_batch <= 64:
         ap.error("--clients must be 1..64, --requests 1..20, --max-tokens 1..512 and --max-batch 1..64 (a bounded load)")
-    server = Server(args.port, "--max-batch", str(args.max_batch), "--queue-size", str(args.clients * 2))
+    server = Server(args.port, "--max-batch", str(args.max_batch))  # its queue (64) holds every client waiting
     model = httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
     errors: list[str] = []
-    outputs: dict[str, Counter] = defaultdict(Counter)
+    answers: list[tuple[str, str]] = []  # (prompt, text) of every request that ran to its end
 
     def client(i: int) -> None:
         api = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=600)
@@ -61,7 +57,7 @@ def main() -> None:
                     next(iter(stream))
                     stream.close()
                     continue
-                outputs[prompt]["".join(c.choices[0].text for c in stream)] += 1
+                answers.append((prompt, "".join(c.choices[0].text for c in stream)))
             except Exception as exc:  # noqa: BLE001 - every failure is reported
                 errors.append(f"client {i} request {j}: {exc!r}")
 
@@ -74,16 +70,17 @@ def main() -> None:
             t.join(timeout=1800)
         wall = time.perf_counter() - t0
         deadline = time.time() + 30  # a hung-up sequence leaves at the end of its round
-        while time.time() < deadline and metric(server.url, "specdecode_running_generations") > 0:
+        while time.time() < deadline and counters(server.url, METRICS)["specdecode_running_generations"] > 0:
             time.sleep(0.2)
         waiting = sum(t.is_alive() for t in threads)
-        running = metric(server.url, "specdecode_running_generations")
-        queued = metric(server.url, "specdecode_queued_requests")
-        batch = metric(server.url, "specdecode_batch_size_sum") / max(1.0, metric(server.url, "specdecode_batch_size_count"))
+        m = counters(server.url, METRICS)
+        running, queued = m["specdecode_running_generations"], m["specdecode_queued_requests"]
+        batch = m["specdecode_batch_size_sum"] / max(1.0, m["specdecode_batch_size_count"])
         print(f"{args.clients} clients x {args.requests} requests in {wall:.1f} s: {len(errors)} errors, "
               f"{waiting} clients still waiting, {running:.0f} running and {queued:.0f} queued after, "
-              f"{metric(server.url, 'specdecode_cancelled_total'):.0f} cancelled, mean batch {batch:.1f}")
-        for prompt, texts in outputs.items():
+              f"{m['specdecode_cancelled_total']:.0f} cancelled, mean batch {batch:.1f}")
+        for prompt in PROMPTS:
+            texts = Counter(text for asked, text in answers if asked == prompt)
             print(f"  {prompt[:32]!r}: {sum(texts.values())} answers, {len(texts)} distinct")
         for error in errors[:5]:
             print("  " + error)

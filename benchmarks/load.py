@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import socket
 import statistics
 import subprocess
 import sys
@@ -46,6 +47,9 @@ class Server:
     def __init__(self, port: int, *flags: str, cmd: list[str] | None = None) -> None:
         """`specdecode serve` with `flags`, or the command `cmd` (another server on `port`)."""
         self.url = f"http://127.0.0.1:{port}"
+        with socket.socket() as probe:  # a server already there would answer the health checks meant for this one
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                raise SystemExit(f"port {port} is in use: stop what listens there or pass --port with a free one")
         cmd = cmd or [sys.executable, "-m", "specdecode", "serve", "--port", str(port), "--queue-size", "64", *flags]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 600  # the first start may calibrate the batch pass sizes
@@ -175,13 +179,16 @@ def paired(url: str, model: str, prompts: list[str], n: int, max_tokens: int) ->
             "ratio": on / off, "median_prompt_ratio": statistics.median(ratios)}
 
 
-def counters(url: str) -> dict[str, float]:
-    """The server's totals that say what K it chose: rows verified, drafts, rounds, batch sizes."""
+# the server's totals that say what K it chose: rows verified, drafts, rounds, batch sizes
+K_COUNTERS = frozenset({"specdecode_rounds_total", "specdecode_tokens_drafted_total", "specdecode_tokens_accepted_total",
+                        "specdecode_batch_size_sum", "specdecode_batch_size_count", "specdecode_pass_tokens_sum",
+                        "specdecode_prefill_seconds_total", "specdecode_tokens_generated_total"})
+
+
+def counters(url: str, want: frozenset[str] = K_COUNTERS) -> dict[str, float]:
+    """The server's metric samples named in `want`, each summed over its label sets."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    want = {"specdecode_rounds_total", "specdecode_tokens_drafted_total", "specdecode_tokens_accepted_total",
-            "specdecode_batch_size_sum", "specdecode_batch_size_count", "specdecode_pass_tokens_sum",
-            "specdecode_prefill_seconds_total", "specdecode_tokens_generated_total"}
     out = dict.fromkeys(want, 0.0)
     for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
         for sample in family.samples:
