@@ -2,7 +2,8 @@
 
 Each turn asks for another edit of the same file and the whole file back; the conversation carries
 the earlier turns, so every answer largely repeats the previous version of the file. Prompt lookup
-finds that version in the prompt; the suffix drafter also remembers its own earlier answers. Every
+finds that version in the prompt (and copies past the renames an edit makes; "lookup, no renames"
+is the same drafter without that); the suffix drafter also remembers its own earlier answers. Every
 method answers every turn from the same conversation (the history holds plain decoding's answers, so
 all methods see identical prompts), the methods interleaved turn by turn, each with its own decoder on
 one shared llama.cpp target. Reported: decode tokens/s (after the first tokens) per turn and method,
@@ -19,7 +20,7 @@ import statistics
 from pathlib import Path
 
 from specdecode.bench.harness import MODES
-from specdecode.drafters.lookup import LookupDrafter
+from specdecode.drafters.lookup import LookupConfig, LookupDrafter
 from specdecode.drafters.suffix import SuffixDrafter
 from specdecode.engine.config import GenerationConfig
 from specdecode.engine.decoder import SpeculativeDecoder
@@ -87,6 +88,8 @@ def main() -> None:
     base = SpeculativeDecoder.load(drafter="auto", progress=False)  # lookup, then the draft model
     share = dict(eos_ids=base.eos_ids, calibration=base.calibration)
     decoders = {"plain": base, "lookup": SpeculativeDecoder(base.target, base.tokenizer, [LookupDrafter()], **share),
+                "lookup, no renames": SpeculativeDecoder(base.target, base.tokenizer,
+                                                         [LookupDrafter(LookupConfig(renames=False))], **share),
                 "auto": base, "suffix": SpeculativeDecoder(base.target, base.tokenizer, [SuffixDrafter()], **share)}
     if args.tree:  # a tree pass needs a context with scratch sequences: loaded with the tree size
         decoders[f"suffix, tree {args.tree}"] = SpeculativeDecoder.load(drafter="suffix", tree=args.tree, progress=False)

@@ -19,6 +19,10 @@ position of the chain become branches beside it, each grown the same way, best f
 A node's score never exceeds its parent's, so taking the best-scored nodes first keeps every
 kept node's parent. The cost model decides how many of them pay, as for the draft model's tree.
 
+Renames an edit makes (`xs` to `values`) are learned from the output and copied past, as prompt
+lookup does (drafters/renames.py): a tail holding a renamed token is also matched as the prompt had
+it, and drafted tokens are written renamed.
+
 Deterministic (q = None, one-hot), so exact like every drafter. Cross-request history
 changes which drafts are made, never the output law; what a seed reproduces then also
 depends on the requests before it in the process (`history_tokens=0` turns it off).
@@ -37,6 +41,7 @@ import torch
 from specdecode.checks import integer
 from specdecode.core.probs import SamplingParams
 from specdecode.drafters.protocol import Proposal
+from specdecode.drafters.renames import Renames
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +51,7 @@ class SuffixConfig:
     min_score: float = 0.25  # stop drafting when the draft's estimated probability falls below this
     max_proposal: int = 16
     history_tokens: int = 65_536  # tokens of earlier requests kept (oldest forgotten first; 0 = none)
+    renames: bool = True  # learn an edit's token renames from the output (drafters/renames.py)
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_n <= self.max_n:
@@ -108,6 +114,7 @@ class SuffixDrafter:
         self.history: deque[list[int]] = deque()  # earlier requests' texts, counted in the index
         self.history_size = 0  # tokens in `history`
         self.live: list[int] = []  # the current request's text, counted up to its end
+        self.renames = Renames() if config.renames else None  # the current request's
 
     def reset(self) -> None:
         """A new request: the current one's text joins the history (the oldest beyond the bound leaves)."""
@@ -121,6 +128,7 @@ class SuffixDrafter:
         elif self.live:
             self.index.add(self.live, sign=-1)
         self.live = []
+        self.renames = Renames() if self.config.renames else None
 
     def propose(self, context: Sequence[int], k: int, params: SamplingParams,
                 generator: torch.Generator) -> Proposal:
@@ -144,7 +152,7 @@ class SuffixDrafter:
         on the embedded pair's greedy outputs the first draft was accepted 31-54% of the time after a
         2-token match and 76-95% after 8; 52-85% where the counts agreed and 10-31% where they split."""
         self._sync(context)
-        n, counter = self.index.match(self.live[-self.config.max_n:])
+        n, counter = self._match(self.live[-self.config.max_n:])
         if counter is None:
             return None
         return n.bit_length(), len(counter) == 1
@@ -156,13 +164,34 @@ class SuffixDrafter:
         start = len(self.live)
         self.live.extend(context[start:])
         self.index.add(self.live, start)
+        if self.renames is not None:
+            self.renames.extend(context[start:])  # the first call after a reset: the prompt
+
+    def _match(self, tail: Sequence[int]) -> tuple[int, Counter | None]:
+        """The index's match for `tail`, tried first as the prompt had it where it holds renamed tokens;
+        the continuations are counted as the text had them (`_renamed` writes them as the output does)."""
+        if self.renames:
+            old = [self.renames.back(x) for x in tail]
+            if old != list(tail) and (found := self.index.match(old))[1] is not None:
+                return found
+        return self.index.match(tail)
+
+    def _next(self, tail: Sequence[int]) -> Counter | None:
+        """The continuation counts after `tail`, each token written as the output writes it."""
+        counter = self._match(tail)[1]
+        if counter is None or not self.renames:
+            return counter
+        renamed: Counter = Counter()
+        for token, count in counter.items():  # insertion order kept: ties still go to the most recent
+            renamed[self.renames.apply([token])[0]] += count
+        return renamed
 
     def _walk(self, tail: list[int], k: int) -> list[tuple[int, list[int], float]]:
         """Greedy steps from `tail`: (token, the tail it continues, the score before it) each."""
         steps: list[tuple[int, list[int], float]] = []
         score = 1.0
         while len(steps) < k:
-            counter = self.index.continuation(tail)
+            counter = self._next(tail)
             if counter is None:
                 break
             token, count = max(reversed(counter.items()), key=lambda item: item[1])  # ties: most recent
@@ -185,7 +214,7 @@ class SuffixDrafter:
         order = itertools.count()  # ties: the earlier offered (the chain's shallower depths first)
 
         def offer(parent: int, depth: int, tail: list[int], score: float, skip: int | None) -> None:
-            counter = self.index.continuation(tail) if depth <= k else None
+            counter = self._next(tail) if depth <= k else None
             total = sum(counter.values()) if counter else 0
             for token, count in (counter or {}).items():
                 if token != skip and score * count / total >= self.config.min_score:
