@@ -42,9 +42,9 @@ class LookupConfig:
     # 16+ class undrafted for a request's first rounds: 4.6% slower on code editing (replayed).
     match_priors: tuple[tuple[int, float], ...] = ((2, 0.50), (4, 0.70), (8, 0.85), (16, 0.96))
     # learn an edit's token renames from the output and copy past them (drafters/renames.py). In the
-    # multi-turn editing session's replay (benchmarks/session.py's outputs, the calibrated curve) the
-    # two rename turns went from 2.14x and 1.89x to 2.94x and 3.18x plain decoding, the rest unchanged;
-    # on the bench's 24 prompts 1.100x -> 1.098x (two one-off changes taken for renames)
+    # multi-turn editing session (benchmarks/session.py, Intel VM) the two rename turns went from 1.86x
+    # and 1.56x plain decoding to 2.53x and 2.87x, the rest unchanged; replayed on the bench's code-editing
+    # outputs (lookup_bound.py --replay) 1.314x -> 1.307x: two one-off changes were taken for renames
     renames: bool = True
 
     def __post_init__(self) -> None:
@@ -52,6 +52,8 @@ class LookupConfig:
             raise ValueError(f"need 1 <= min_n <= max_n, got min_n={self.min_n}, max_n={self.max_n}")
         if self.max_proposal < 1:
             raise ValueError(f"max_proposal must be >= 1, got {self.max_proposal}")
+        if not isinstance(self.renames, bool):
+            raise ValueError(f"renames must be True or False, got {self.renames!r}")
         if self.long_match < self.max_n:
             raise ValueError(f"long_match must be >= max_n ({self.max_n}), got {self.long_match}")
         try:

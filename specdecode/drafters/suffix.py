@@ -58,6 +58,8 @@ class SuffixConfig:
             raise ValueError(f"need 1 <= min_n <= max_n, got min_n={self.min_n}, max_n={self.max_n}")
         if not 0 < self.min_score <= 1:
             raise ValueError(f"min_score must be in (0, 1], got {self.min_score}")
+        if not isinstance(self.renames, bool):
+            raise ValueError(f"renames must be True or False, got {self.renames!r}")
         if self.max_proposal < 1 or self.history_tokens < 0:
             raise ValueError("max_proposal must be >= 1 and history_tokens >= 0")
 

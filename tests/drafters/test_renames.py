@@ -2,6 +2,7 @@
 
 import random
 
+import pytest
 import torch
 
 from specdecode.core.probs import GREEDY
@@ -148,3 +149,10 @@ def test_the_suffix_drafter_copies_past_a_learned_rename_too():
     for n in range(1, 8):
         proposal = drafter.propose(PROMPT + out[:n], 4, GREEDY, torch.Generator())
     assert proposal.tokens[:1] == [C]  # after 20 21 the prompt had D: written as the output writes it
+
+
+def test_the_switch_must_be_a_bool():
+    from specdecode.drafters.suffix import SuffixConfig
+    for make in (LookupConfig, SuffixConfig):
+        with pytest.raises(ValueError, match="renames must be True or False"):
+            make(renames="no")
