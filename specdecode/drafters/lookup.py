@@ -53,7 +53,7 @@ class LookupConfig:
         if self.max_proposal < 1:
             raise ValueError(f"max_proposal must be >= 1, got {self.max_proposal}")
         if not isinstance(self.renames, bool):
-            raise ValueError(f"renames must be True or False, got {self.renames!r}")
+            raise ValueError(f"renames must be True or False, got {self.renames!r} ({type(self.renames).__name__})")
         if self.long_match < self.max_n:
             raise ValueError(f"long_match must be >= max_n ({self.max_n}), got {self.long_match}")
         try:
@@ -125,24 +125,30 @@ class NgramIndex:
         """Where the most recent occurrence of the longest matching suffix ends (None: no match);
         a tail holding renamed tokens is first looked up as the prompt had it."""
         tail = (self.tokens[-self.config.max_n:] + list(path))[-self.config.max_n:]
+        n, end = self._longest(tail)
         if self.renames:
             old = [self.renames.back(x) for x in tail]
-            if old != tail and (end := self._longest(old)) is not None:
-                return end
-        return self._longest(tail)
+            if old != tail and (found := self._longest(old))[0] >= max(n, 1):  # the longer; a tie: the old text
+                n, end = found
+        return end
 
-    def _longest(self, tail: list[int]) -> int | None:
+    def _longest(self, tail: list[int]) -> tuple[int, int | None]:
+        """(n, where the most recent occurrence of the tail's last n tokens ends) for the longest
+        n with one; (0, None) if none."""
         for n in range(min(self.config.max_n, len(tail)), self.config.min_n - 1, -1):
             end = self._last_end.get(tuple(tail[len(tail) - n:]))
             if end is not None:
-                return end
-        return None
+                return n, end
+        return 0, None
 
 
 def lookup(context: Sequence[int], k: int, config: LookupConfig = LookupConfig(),
            prompt_length: int | None = None) -> list[int]:
     """The pure function: what the drafter proposes for this context (built from scratch), of which
     the first `prompt_length` tokens are the prompt (None: all; no output, so no renames learned)."""
+    if prompt_length is not None and (integer(prompt_length) is None or not 0 <= prompt_length <= len(context)):
+        raise ValueError(f"prompt_length must be an integer in 0..{len(context)} (the context's length) or None, "
+                         f"got {prompt_length!r}")
     index = NgramIndex(config, Renames() if config.renames else None)
     cut = len(context) if prompt_length is None else prompt_length
     index.extend(context[:cut])
@@ -184,8 +190,9 @@ class LookupDrafter:
         return Situation(m.bit_length(), self.config.prior(m)) if m else None
 
     def _follow(self, context: Sequence[int]) -> None:
-        if len(context) < len(self.index.tokens):  # not an extension: a new request without reset()
-            self.reset()
+        known = self.index.tokens
+        if len(context) < len(known) or (known and context[len(known) - 1] != known[-1]):
+            self.reset()  # not an extension of what was indexed: a new request without reset()
         self.index.extend(context[len(self.index.tokens):])
 
     def fork(self) -> "LookupDrafter":

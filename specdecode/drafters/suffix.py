@@ -59,7 +59,7 @@ class SuffixConfig:
         if not 0 < self.min_score <= 1:
             raise ValueError(f"min_score must be in (0, 1], got {self.min_score}")
         if not isinstance(self.renames, bool):
-            raise ValueError(f"renames must be True or False, got {self.renames!r}")
+            raise ValueError(f"renames must be True or False, got {self.renames!r} ({type(self.renames).__name__})")
         if self.max_proposal < 1 or self.history_tokens < 0:
             raise ValueError("max_proposal must be >= 1 and history_tokens >= 0")
 
@@ -170,22 +170,25 @@ class SuffixDrafter:
             self.renames.extend(context[start:])  # the first call after a reset: the prompt
 
     def _match(self, tail: Sequence[int]) -> tuple[int, Counter | None]:
-        """The index's match for `tail`, tried first as the prompt had it where it holds renamed tokens;
-        the continuations are counted as the text had them (`_renamed` writes them as the output does)."""
+        """The index's longest match for `tail`, or for `tail` read as the prompt had it where it holds
+        renamed tokens (the longer; a tie: the prompt's reading). Its continuations are counted as the
+        text had them (`_next` writes them as the output does)."""
+        found = self.index.match(tail)
         if self.renames:
             old = [self.renames.back(x) for x in tail]
-            if old != list(tail) and (found := self.index.match(old))[1] is not None:
-                return found
-        return self.index.match(tail)
+            if old != list(tail) and (other := self.index.match(old))[1] is not None and other[0] >= found[0]:
+                return other
+        return found
 
     def _next(self, tail: Sequence[int]) -> Counter | None:
         """The continuation counts after `tail`, each token written as the output writes it."""
         counter = self._match(tail)[1]
-        if counter is None or not self.renames:
+        if counter is None or not self.renames or not any(token in self.renames.renames for token in counter):
             return counter
         renamed: Counter = Counter()
-        for token, count in counter.items():  # insertion order kept: ties still go to the most recent
-            renamed[self.renames.apply([token])[0]] += count
+        for token, count in counter.items():  # re-inserted as `ContinuationCounts.add` does: a merged
+            token = self.renames.renames.get(token, token)  # token sits where its latest part sat
+            renamed[token] = renamed.pop(token, 0) + count  # (ties still go to the most recent)
         return renamed
 
     def _walk(self, tail: list[int], k: int) -> list[tuple[int, list[int], float]]:

@@ -156,3 +156,66 @@ def test_the_switch_must_be_a_bool():
     for make in (LookupConfig, SuffixConfig):
         with pytest.raises(ValueError, match="renames must be True or False"):
             make(renames="no")
+
+
+def test_renames_stay_one_to_one_whatever_the_order():
+    """Two tokens renamed to one, or a chain d -> c -> e, would make reading back ambiguous: refused."""
+    prompt = [10, 11, 3, 12, 13, 20, 21, 8, 22, 23, 30, 31, 99, 32, 33]
+    assert renames_after(prompt, [10, 11, 99, 12, 13, 20, 21, 99, 22, 23]) == {3: 99}  # 8 -> 99 refused
+    assert renames_after(prompt, [30, 31, 40, 32, 33, 10, 11, 99, 12, 13]) == {99: 40}  # 3 -> 99 refused
+    assert renames_after(prompt, [10, 11, 99, 12, 13, 30, 31, 40, 32, 33]) == {3: 99}  # 99 -> 40 refused
+
+
+def test_a_longer_match_on_the_output_beats_a_shorter_one_read_back():
+    """The output wrote 40 11 C 50 51 52 itself: after 40 11 C it goes on with 50, not with the
+    prompt's 12 (whose read-back match, 11 D, is shorter)."""
+    cfg = LookupConfig(min_n=2, max_n=3, max_proposal=8)
+    out = [10, 11, C, 12, 13, 40, 11, C, 50, 51, 52, 40, 11, C]
+    assert lookup(PROMPT + out, 3, cfg, prompt_length=len(PROMPT)) == [50, 51, 52]
+    assert lookup(PROMPT + out[:-3] + [20, 21, C], 3, cfg, prompt_length=len(PROMPT)) == [22, 23, 30]
+
+
+def test_prompt_length_is_checked():
+    for bad in (-1, len(PROMPT) + 1, 2.5, "x"):
+        with pytest.raises(ValueError, match="prompt_length must be an integer"):
+            lookup(PROMPT, 3, CFG, prompt_length=bad)
+
+
+def test_a_new_context_without_reset_starts_over():
+    """Direct use: a context that does not extend the indexed one is a new request, not more output."""
+    drafter = LookupDrafter(CFG)
+    drafter.situation(PROMPT)
+    drafter.situation(PROMPT + [10, 11, C, 12, 13])
+    assert drafter.index.renames.renames == {D: C}
+    fresh = [1] + PROMPT + [10, 11, C, 12, 13]  # longer, but not an extension: its own prompt
+    drafter.situation(fresh)
+    assert drafter.index.renames.renames == {} and drafter.index.renames.prompt_length == len(fresh)
+
+
+def test_suffix_merged_counts_keep_the_most_recent_first_on_a_tie():
+    """A renamed token's count merges into its new name's, at the place of the latest of them."""
+    from specdecode.drafters.suffix import SuffixConfig, SuffixDrafter
+    drafter = SuffixDrafter(SuffixConfig(history_tokens=0))
+    drafter.propose(PROMPT, 1, GREEDY, torch.Generator())
+    drafter.propose(PROMPT + [10, 11, C, 12, 13], 1, GREEDY, torch.Generator())
+    # after (1, 2) the text had: D (oldest), 9, 9, C (latest): D and C merge into C, 2 against 9's 2
+    drafter.index.counts[(1, 2)] = __import__("collections").Counter({D: 1, 9: 2, C: 1})
+    assert list(drafter._next([1, 2]).items()) == [(9, 2), (C, 2)]
+    assert drafter._walk([1, 2], 1)[0][0] == C
+
+
+def test_suffix_tree_branches_are_written_renamed_and_distinct():
+    """The suffix drafter's tree with renames: every node renamed, no two siblings the same token."""
+    from specdecode.drafters.suffix import SuffixConfig, SuffixDrafter
+    prompt = [10, 11, D, 12, 13, 20, 21, D, 22, 23, 30, 20, 21, D, 24, 25, 31, 20, 21, 6, 22, 23]
+    drafter = SuffixDrafter(SuffixConfig(history_tokens=0, min_score=0.1), tree=6)
+    drafter.propose(prompt, 4, GREEDY, torch.Generator())
+    out = [10, 11, C, 12, 13, 99, 20, 21]  # after 20 21 the prompt had D twice and 6 once, then 22 or 24
+    for n in range(1, len(out) + 1):
+        proposal = drafter.propose(prompt + out[:n], 4, GREEDY, torch.Generator())
+    assert proposal.parents is not None and len(proposal.tokens) > 4  # a tree, with branches
+    assert D not in proposal.tokens and C in proposal.tokens
+    children = {}
+    for token, parent in zip(proposal.tokens, proposal.parents):
+        children.setdefault(parent, []).append(token)
+    assert all(len(set(c)) == len(c) for c in children.values()), children
