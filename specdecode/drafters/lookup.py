@@ -42,8 +42,8 @@ class LookupConfig:
     # 16+ class undrafted for a request's first rounds: 4.6% slower on code editing (replayed).
     match_priors: tuple[tuple[int, float], ...] = ((2, 0.50), (4, 0.70), (8, 0.85), (16, 0.96))
     # learn an edit's token renames from the output and copy past them (drafters/renames.py). In the
-    # multi-turn editing session (benchmarks/session.py, Intel VM) the two rename turns went from 1.86x
-    # and 1.56x plain decoding to 2.53x and 2.87x, the rest unchanged; replayed on the bench's code-editing
+    # multi-turn editing session (benchmarks/session.py, Intel VM) the two rename turns went from 1.89x
+    # and 1.60x plain decoding to 2.75x and 2.95x, the rest unchanged; replayed on the bench's code-editing
     # outputs (lookup_bound.py --replay) 1.314x -> 1.307x: two one-off changes were taken for renames
     renames: bool = True
 
