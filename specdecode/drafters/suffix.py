@@ -89,10 +89,6 @@ class ContinuationCounts:
                     if not counter:
                         del self.counts[key]
 
-    def continuation(self, tail: Sequence[int]) -> Counter | None:
-        """The continuation counts of the longest n-gram ending `tail` that has any."""
-        return self.match(tail)[1]
-
     def match(self, tail: Sequence[int]) -> tuple[int, Counter | None]:
         """(n, its continuation counts) for the longest n-gram ending `tail` that has any; (0, None) if none."""
         for n in range(min(self.config.max_n, len(tail)), self.config.min_n - 1, -1):
