@@ -25,7 +25,7 @@ import torch
 from specdecode.checks import integer, real
 from specdecode.core.probs import SamplingParams
 from specdecode.drafters.protocol import Proposal, Situation
-from specdecode.drafters.renames import Renames
+from specdecode.drafters.renames import Renames, longer_match
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,15 +122,10 @@ class NgramIndex:
         return m
 
     def _match(self, path: Sequence[int]) -> int | None:
-        """Where the most recent occurrence of the longest matching suffix ends (None: no match);
-        a tail holding renamed tokens is first looked up as the prompt had it."""
+        """Where the most recent occurrence of the longest matching suffix ends (None: no match); a
+        tail holding renamed tokens is also looked up as the prompt had it (`longer_match`)."""
         tail = (self.tokens[-self.config.max_n:] + list(path))[-self.config.max_n:]
-        n, end = self._longest(tail)
-        if self.renames:
-            old = [self.renames.back(x) for x in tail]
-            if old != tail and (found := self._longest(old))[0] >= max(n, 1):  # the longer; a tie: the old text
-                n, end = found
-        return end
+        return longer_match(self.renames, tail, self._longest)[1]
 
     def _longest(self, tail: list[int]) -> tuple[int, int | None]:
         """(n, where the most recent occurrence of the tail's last n tokens ends) for the longest

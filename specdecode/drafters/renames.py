@@ -19,7 +19,9 @@ is untouched (a wrong rename costs a rejected draft, nothing more).
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
+
+T = TypeVar("T")
 
 _AMBIGUOUS = -1  # a gapped context the prompt fills with more than one middle token (token ids are >= 0)
 
@@ -76,3 +78,16 @@ class Renames:
 
     def __bool__(self) -> bool:
         return bool(self.renames)
+
+
+def longer_match(renames: "Renames | None", tail: Sequence[int],
+                 match: Callable[[Sequence[int]], tuple[int, T | None]]) -> tuple[int, T | None]:
+    """`match(tail)` ((n, what matched), (0, None) for none), or, where the tail holds renamed tokens,
+    `match` of the tail read as the prompt had it if that match is at least as long (a tie: the old
+    text, which the copy continues)."""
+    found = match(tail)
+    if renames:
+        old = [renames.back(x) for x in tail]
+        if old != list(tail) and (other := match(old))[1] is not None and other[0] >= found[0]:
+            return other
+    return found

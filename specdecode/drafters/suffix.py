@@ -41,7 +41,7 @@ import torch
 from specdecode.checks import integer
 from specdecode.core.probs import SamplingParams
 from specdecode.drafters.protocol import Proposal
-from specdecode.drafters.renames import Renames
+from specdecode.drafters.renames import Renames, longer_match
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,12 +169,7 @@ class SuffixDrafter:
         """The index's longest match for `tail`, or for `tail` read as the prompt had it where it holds
         renamed tokens (the longer; a tie: the prompt's reading). Its continuations are counted as the
         text had them (`_next` writes them as the output does)."""
-        found = self.index.match(tail)
-        if self.renames:
-            old = [self.renames.back(x) for x in tail]
-            if old != list(tail) and (other := self.index.match(old))[1] is not None and other[0] >= found[0]:
-                return other
-        return found
+        return longer_match(self.renames, tail, self.index.match)
 
     def _next(self, tail: Sequence[int]) -> Counter | None:
         """The continuation counts after `tail`, each token written as the output writes it."""
