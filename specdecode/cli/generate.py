@@ -102,8 +102,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", default="auto", choices=list(DRAFTER_CHOICES),
                    help="auto: prompt lookup when it finds a match, else the draft model (default); "
                         "model: draft model only; lookup: prompt lookup only (no draft model loaded); "
-                        "suffix: the most frequent continuation in the prompt, the output and earlier "
-                        "requests (no draft model loaded; the server keeps its history across requests)")
+                        "suffix: the latest continuation in the prompt and output, else in earlier requests, "
+                        "drafted as far as the counts make it likely (no draft model loaded; the server "
+                        "keeps its history across requests)")
     p.add_argument("--draft-int8", action=argparse.BooleanOptionalAction, default=None,
                    help="int8 weights for the draft (default: on for CPU; exactness is unaffected)")
     p.add_argument("--draft-vocab", type=non_negative_int, default=None,

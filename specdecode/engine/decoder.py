@@ -101,8 +101,9 @@ class SpeculativeDecoder:
         backend: "llama.cpp" (GGUF files, CPU), "transformers", or "auto" (llama.cpp for GGUF on
         CPU, else transformers). Both models run on the target's backend: two engines' thread
         pools in one process slow each other down.
-        drafter: "model" (draft model), "lookup" (prompt lookup, no draft model), "suffix" (frequency-
-        scored continuations of the prompt, the output and earlier requests' texts; no draft model),
+        drafter: "model" (draft model), "lookup" (prompt lookup, no draft model), "suffix" (the latest
+        continuation in the request's text, else in earlier requests' texts, its length set by how often
+        the text continued that way; no draft model),
         or "auto" (lookup when it finds a match, else the draft model; with a tree, the draft model's
         tree with lookup's continuations as copies, else lookup: `drafters.auto_drafters`).
         dtype: transformers only (llama.cpp runs the GGUF's own quantised weights).

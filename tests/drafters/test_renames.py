@@ -192,16 +192,16 @@ def test_a_new_context_without_reset_starts_over():
     assert drafter.index.renames.renames == {} and drafter.index.renames.prompt_length == len(fresh)
 
 
-def test_suffix_merged_counts_keep_the_most_recent_first_on_a_tie():
+def test_suffix_merged_counts_keep_the_latest_continuation_last():
     """A renamed token's count merges into its new name's, at the place of the latest of them."""
     from specdecode.drafters.suffix import SuffixConfig, SuffixDrafter
     drafter = SuffixDrafter(SuffixConfig(history_tokens=0))
     drafter.propose(PROMPT, 1, GREEDY, torch.Generator())
     drafter.propose(PROMPT + [10, 11, C, 12, 13], 1, GREEDY, torch.Generator())
     # after (1, 2) the text had: D (oldest), 9, 9, C (latest): D and C merge into C, 2 against 9's 2
-    drafter.index.counts[(1, 2)] = __import__("collections").Counter({D: 1, 9: 2, C: 1})
+    drafter.current.counts[(1, 2)] = __import__("collections").Counter({D: 1, 9: 2, C: 1})
     assert list(drafter._next([1, 2]).items()) == [(9, 2), (C, 2)]
-    assert drafter._walk([1, 2], 1)[0][0] == C
+    assert drafter._walk([1, 2], 1)[0][0] == C  # the latest, renamed
 
 
 def test_suffix_tree_branches_are_written_renamed_and_distinct():

@@ -1,5 +1,6 @@
-"""Suffix drafter: frequency over recency, the score that shortens uncertain drafts, cross-request
-history with its bound, and the incremental index equal to one built from scratch."""
+"""Suffix drafter: the latest continuation with its share of the counts as the score, which shortens
+uncertain drafts; the current request before the history; cross-request history with its bound; and
+the incremental index equal to one built from scratch."""
 
 import pytest
 import torch
@@ -15,9 +16,13 @@ def propose(drafter: SuffixDrafter, context: list[int], k: int = 4) -> list[int]
     return drafter.propose(context, k, GREEDY, torch.Generator()).tokens
 
 
-def test_the_most_frequent_continuation_wins_over_the_most_recent():
-    # (1, 2) was followed by 7 twice and by 9 once (most recently): suffix drafts 7, lookup would draft 9
-    assert propose(SuffixDrafter(BIGRAMS), [1, 2, 7, 1, 2, 7, 1, 2, 9, 1, 2], k=1) == [7]
+def test_the_latest_continuation_is_drafted_with_its_share_as_the_score():
+    # (1, 2) was followed by 7 twice and by 9 once (most recently): the draft is 9, as lookup's, and
+    # its score is 1/3: under a min_score of 0.5 nothing is drafted (7's 2/3 would have passed)
+    context = [1, 2, 7, 1, 2, 7, 1, 2, 9, 1, 2]
+    assert propose(SuffixDrafter(BIGRAMS), context, k=1) == [9]
+    assert propose(SuffixDrafter(SuffixConfig(min_n=2, max_n=2, min_score=0.5)), context, k=1) == []
+    assert propose(SuffixDrafter(SuffixConfig(min_n=2, max_n=2, min_score=0.5)), context[:-3], k=1) == [7]
 
 
 def test_ties_go_to_the_most_recent():
@@ -49,10 +54,23 @@ def test_the_situation_is_the_match_length_class_and_whether_the_counts_agree():
     assert situation(copied) == ((8).bit_length(), True)  # the longest tail counted: max_n = 8
     assert situation(copied[:-3]) == ((5).bit_length(), True)  # a 5-token match: class 4-7
     assert situation(copied[:-4]) == ((4).bit_length(), True) != situation(copied[:-6])  # 4 and 2 tokens
-    # the same drafter follows the request: a history of the first text splits a later match
+    # the same drafter follows the request: the history's match counts where it is the longer
     drafter = SuffixDrafter(SuffixConfig())
-    drafter.situation([1, 2, 3])
-    assert drafter.situation([7, 1, 2, 9, 8, 1, 2]) == (2, False)  # (1, 2) -> 3 earlier, 9 now
+    drafter.situation([6, 8, 1, 2, 3])  # request 1
+    assert drafter.situation([7, 1, 2, 9, 6, 8, 1, 2]) == ((4).bit_length(), True)  # 6 8 1 2 -> 3 earlier
+
+
+def test_the_current_request_goes_before_the_history_unless_the_history_matches_longer():
+    drafter = SuffixDrafter(BIGRAMS)
+    propose(drafter, [1, 2, 3, 1, 2, 3])  # request 1: (1, 2) -> 3 twice
+    drafter.reset()
+    assert propose(drafter, [1, 2, 9, 1, 2], k=1) == [9]  # request 2: (1, 2) -> 9 once, its own
+    assert drafter.situation([1, 2, 9, 1, 2]) == (2, True)  # its counts alone: agreed
+    longer = SuffixDrafter(SuffixConfig(min_n=2, max_n=3, history_tokens=1000))
+    propose(longer, [5, 1, 2, 3])  # request 1: (5, 1, 2) -> 3
+    longer.reset()
+    assert propose(longer, [1, 2, 9, 5, 1, 2], k=1) == [3]  # request 2 has (1, 2) -> 9: the shorter match
+    assert propose(SuffixDrafter(SuffixConfig(min_n=2, max_n=3)), [1, 2, 9, 5, 1, 2], k=1) == [9]  # no history
 
 
 def test_nothing_to_continue_proposes_nothing():
@@ -68,7 +86,7 @@ def test_earlier_requests_help_later_ones():
     propose(no_history, [40, 41, 42, 43, 44])
     no_history.reset()
     assert propose(no_history, [5, 6, 40, 41], k=3) == []
-    assert no_history.index.counts.keys() == {(5, 6), (6, 40)}  # request 1 fully forgotten
+    assert no_history.earlier.counts == {} and no_history.current.counts.keys() == {(5, 6), (6, 40)}  # request 1 forgotten
 
 
 def test_history_is_bounded_and_forgets_the_oldest_exactly():
@@ -82,7 +100,7 @@ def test_history_is_bounded_and_forgets_the_oldest_exactly():
     expected = ContinuationCounts(config)
     for text in texts[-2:]:
         expected.add(text)
-    assert drafter.index.counts == expected.counts
+    assert drafter.earlier.counts == expected.counts
     assert drafter.memory["history_requests"] == 2
 
 
@@ -107,7 +125,7 @@ def test_incremental_counts_equal_counts_from_scratch(tokens, steps):
     propose(drafter, tokens)
     scratch = ContinuationCounts(config)
     scratch.add(tokens)
-    assert drafter.index.counts == scratch.counts
+    assert drafter.current.counts == scratch.counts
     assert drafter.continuation(tokens, (), 5) == SuffixDrafter(config).propose(tokens, 5, GREEDY, torch.Generator()).tokens
 
 
@@ -120,28 +138,32 @@ def test_bad_config():
         SuffixConfig(history_tokens=-1)
 
 
-# (1, 2) -> 7 twice, 9 once; after 7: 8 1 (certain); after 9: 5 1 (certain)
+# (1, 2) -> 7 twice, 9 once (the latest); after 7: 8 1 (certain); after 9: 5 1 (certain)
 BRANCHING = [1, 2, 7, 8, 1, 2, 7, 8, 1, 2, 9, 5, 1, 2]
 
 
 def test_a_tree_adds_the_other_continuations_best_first_as_branches():
     proposal = SuffixDrafter(BIGRAMS, tree=3).propose(BRANCHING, 3, GREEDY, torch.Generator())
-    # the chain 7 8 1, then the branch the text also took: 9 (beside 7), 5 below it, 1 below that
-    assert proposal.tokens == [7, 8, 1, 9, 5, 1]
+    # the chain 9 5 1 (the latest), then the branch the text also took: 7 (beside 9), 8 below it, 1 below that
+    assert proposal.tokens == [9, 5, 1, 7, 8, 1]
     assert proposal.parents == [-1, 0, 1, -1, 3, 4]
-    assert proposal.q is None and proposal.gains == pytest.approx([1 / 3] * 3)
-    assert proposal.keep_alternatives(1).tokens == [7, 8, 1, 9] and proposal.keep_alternatives(0).parents is None
+    assert proposal.q is None and proposal.gains == pytest.approx([2 / 3] * 3)
+    assert proposal.keep_alternatives(1).tokens == [9, 5, 1, 7] and proposal.keep_alternatives(0).parents is None
     # no deeper than k: with k = 1 the branch is the sibling alone
     shallow = SuffixDrafter(BIGRAMS, tree=3).propose(BRANCHING, 1, GREEDY, torch.Generator())
-    assert (shallow.tokens, shallow.parents) == ([7, 9], [-1, -1])
+    assert (shallow.tokens, shallow.parents) == ([9, 7], [-1, -1])
     # tree=0, or a text that never branched, gives the chain
     assert SuffixDrafter(BIGRAMS).propose(BRANCHING, 3, GREEDY, torch.Generator()).parents is None
     assert SuffixDrafter(BIGRAMS, tree=3).propose([1, 2, 7, 8, 1, 2], 3, GREEDY, torch.Generator()).parents is None
 
 
 def test_branches_below_the_min_score_are_not_offered():
-    strict = SuffixConfig(min_n=2, max_n=2, min_score=0.5)
-    assert SuffixDrafter(strict, tree=3).propose(BRANCHING, 3, GREEDY, torch.Generator()).tokens == [7, 8, 1]
+    # (1, 2) -> 9 three times (the latest among them), 7 once: the branch 7 scores 1/4
+    context = [1, 2, 7, 8, 1, 2, 9, 5, 1, 2, 9, 5, 1, 2, 9, 5, 1, 2]
+    strict = SuffixConfig(min_n=2, max_n=2, min_score=0.3)
+    assert SuffixDrafter(strict, tree=3).propose(context, 3, GREEDY, torch.Generator()).tokens == [9, 5, 1]
+    lenient = SuffixConfig(min_n=2, max_n=2, min_score=0.2)
+    assert SuffixDrafter(lenient, tree=3).propose(context, 3, GREEDY, torch.Generator()).tokens == [9, 5, 1, 7, 8, 1]
 
 
 def test_keeping_alternatives_renumbers_parents_and_keeps_every_parent():
