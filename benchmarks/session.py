@@ -74,11 +74,18 @@ EDITS = [
 ]
 
 
-def same_answer(rows: list[dict], plain: list[dict]) -> str:
-    """The geometric mean over plain decoding on turns 2.. where the method wrote the same answer (with
-    how many turns that is): the drafter compared on the same text, free of which way a near-tie went."""
-    ratios = [r["decode_tok_s"] / p["decode_tok_s"] for r, p in zip(rows, plain) if r["turn"] > 1 and r["same_as_plain"]]
-    return f"{statistics.geometric_mean(ratios):.2f}x ({len(ratios)} turns)" if ratios else "none"
+def same_answer(rows: list[dict], plain: list[dict], turns: set | None = None) -> tuple[float | None, int]:
+    """The geometric mean over plain decoding on turns 2.. where the method wrote the same answer, of those
+    in `turns` ((file, turn) pairs; None: all), and how many turns that is: the drafter measured on the
+    same text, free of which way a near-tie went."""
+    ratios = [r["decode_tok_s"] / p["decode_tok_s"] for r, p in zip(rows, plain) if r["turn"] > 1
+              and r["same_as_plain"] and (turns is None or (r["file"], r["turn"]) in turns)]
+    return (statistics.geometric_mean(ratios) if ratios else None), len(ratios)
+
+
+def shown(mean_turns: tuple[float | None, int]) -> str:
+    mean, turns = mean_turns
+    return "none" if mean is None else f"{mean:.2f}x ({turns} turns)"
 
 
 def main() -> None:
@@ -133,18 +140,24 @@ def main() -> None:
     summary = {m: statistics.geometric_mean([r["decode_tok_s"] / p["decode_tok_s"]
                                              for r, p in zip(later(rows[m]), later(rows["plain"]))])
                for m in decoders}
+    everyone = {(r["file"], r["turn"]) for i, r in enumerate(rows["plain"]) if all(rows[m][i]["same_as_plain"] for m in decoders)}
+    own = {m: same_answer(rows[m], rows["plain"]) for m in decoders}
+    common = {m: same_answer(rows[m], rows["plain"], everyone) for m in decoders}
     lines += ["", "Against plain decoding, turns 2..: " + ", ".join(f"{m} {v:.2f}x" for m, v in summary.items())]
     if args.mode == "greedy":  # a sampled answer differs from plain decoding's by design (same law, other draws)
         lines += ["", "*: a different answer from plain decoding's (greedy near-ties that llama.cpp's batched passes "
                   "round the other way; a different text copies more or less of the prompt: one such turn of six "
                   "can move a method's mean by 15%)", "",
                   "Against plain decoding, turns 2.. where the method wrote plain decoding's answer: " + ", ".join(
-                      f"{m} {same_answer(rows[m], rows['plain'])}" for m in decoders)]
+                      f"{m} {shown(own[m])}" for m in decoders), "",
+                  "... where every method did (the same texts for all): " + ", ".join(
+                      f"{m} {shown(common[m])}" for m in decoders)]
     lines += ["", f"Command: `python benchmarks/session.py --mode {args.mode}" + (f" --tree {args.tree}`" if args.tree else "`"),
               f"Suffix drafter memory after the run: {decoders['suffix'].drafters[0].memory}"]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"session-{args.mode}.json").write_text(json.dumps({"rows": rows, "vs_plain": summary}, indent=1))
+    saved = {"rows": rows, "vs_plain": summary, "vs_plain_own_same_answers": own, "vs_plain_common_same_answers": common}
+    (out / f"session-{args.mode}.json").write_text(json.dumps(saved, indent=1))
     (out / f"session-{args.mode}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

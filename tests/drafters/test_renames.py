@@ -151,6 +151,19 @@ def test_the_suffix_drafter_copies_past_a_learned_rename_too():
     assert proposal.tokens[:1] == [C]  # after 20 21 the prompt had D: written as the output writes it
 
 
+def test_the_suffix_situation_sees_the_counts_as_the_drafts_do():
+    """After a rename, D and C continuing the same context are one continuation: the counts agree."""
+    from specdecode.drafters.suffix import SuffixConfig, SuffixDrafter
+    drafter = SuffixDrafter(SuffixConfig(history_tokens=0))
+    drafter.propose(PROMPT, 4, GREEDY, torch.Generator())
+    context = PROMPT + [10, 11, C, 12, 13, 10, 11]  # (10, 11) was followed by D, then by C: renamed, one
+    assert drafter.situation(context) == (2, True)
+    assert drafter.propose(context, 3, GREEDY, torch.Generator()).tokens == [C, 12, 13]
+    plain = SuffixDrafter(SuffixConfig(history_tokens=0, renames=False))  # the control: two continuations
+    plain.propose(PROMPT, 4, GREEDY, torch.Generator())
+    assert plain.situation(context) == (2, False)
+
+
 def test_the_switch_must_be_a_bool():
     from specdecode.drafters.suffix import SuffixConfig
     for make in (LookupConfig, SuffixConfig):
@@ -200,7 +213,7 @@ def test_suffix_merged_counts_keep_the_latest_continuation_last():
     drafter.propose(PROMPT + [10, 11, C, 12, 13], 1, GREEDY, torch.Generator())
     # after (1, 2) the text had: D (oldest), 9, 9, C (latest): D and C merge into C, 2 against 9's 2
     drafter.current.counts[(1, 2)] = __import__("collections").Counter({D: 1, 9: 2, C: 1})
-    assert list(drafter._next([1, 2]).items()) == [(9, 2), (C, 2)]
+    assert list(drafter._next([1, 2])[1].items()) == [(9, 2), (C, 2)]
     assert drafter._walk([1, 2], 1)[0][0] == C  # the latest, renamed
 
 

@@ -16,13 +16,13 @@ def propose(drafter: SuffixDrafter, context: list[int], k: int = 4) -> list[int]
     return drafter.propose(context, k, GREEDY, torch.Generator()).tokens
 
 
-def test_the_latest_continuation_is_drafted_with_its_share_as_the_score():
-    # (1, 2) was followed by 7 twice and by 9 once (most recently): the draft is 9, as lookup's, and
-    # its score is 1/3: under a min_score of 0.5 nothing is drafted (7's 2/3 would have passed)
+def test_the_latest_continuation_is_drafted_unless_too_unlikely_then_the_most_frequent():
+    # (1, 2) was followed by 7 twice and by 9 once (most recently): the draft is 9, as lookup's, with
+    # a score of 1/3; under a min_score of 0.5 that is too unlikely and 7 (2/3) is drafted; under 0.7 nothing
     context = [1, 2, 7, 1, 2, 7, 1, 2, 9, 1, 2]
     assert propose(SuffixDrafter(BIGRAMS), context, k=1) == [9]
-    assert propose(SuffixDrafter(SuffixConfig(min_n=2, max_n=2, min_score=0.5)), context, k=1) == []
-    assert propose(SuffixDrafter(SuffixConfig(min_n=2, max_n=2, min_score=0.5)), context[:-3], k=1) == [7]
+    assert propose(SuffixDrafter(SuffixConfig(min_n=2, max_n=2, min_score=0.5)), context, k=1) == [7]
+    assert propose(SuffixDrafter(SuffixConfig(min_n=2, max_n=2, min_score=0.7)), context, k=1) == []
 
 
 def test_ties_go_to_the_most_recent():
@@ -136,6 +136,10 @@ def test_bad_config():
         SuffixConfig(min_score=0)
     with pytest.raises(ValueError, match="history_tokens"):
         SuffixConfig(history_tokens=-1)
+    for field, value in (("min_n", 1.5), ("max_n", float("inf")), ("max_proposal", None),
+                         ("history_tokens", True), ("min_score", "0.3")):
+        with pytest.raises(ValueError, match=field):
+            SuffixConfig(**{field: value})
 
 
 # (1, 2) -> 7 twice, 9 once (the latest); after 7: 8 1 (certain); after 9: 5 1 (certain)
