@@ -14,8 +14,8 @@ requests in this process (a bounded history). It drafts greedily:
 The latest continuation, not the most frequent: an edited file's conversation holds every earlier
 version, and the next answer repeats the latest one. On the recorded editing session
 (benchmarks/session.py, turns 2-4, replayed at the measured pass costs) the most frequent
-continuation over one index of both texts gave 2.61x plain decoding, the latest 2.80x, and the
-current request before the history 2.85x (prompt lookup 2.79x); on the bench's prompts the three
+continuation over one index of both texts gave 2.61x plain decoding, the latest 2.80x, and with the
+current request before the history 2.86x (prompt lookup 2.79x); on the bench's prompts the three
 differ by under 1%. The counts still set the score, so the draft is long where the text is being
 copied and short or empty where it branches (SuffixDecoding's adaptive draft length); adaptive K
 still caps it by cost.
