@@ -110,33 +110,51 @@ class ContinuationCounts:
         return 0, None
 
 
+class History:
+    """Earlier requests' texts, counted in one index; beyond `history_tokens` tokens the oldest leave.
+    A drafter and its forks (the batch's slots) share one, so every slot learns from every request the
+    process served, whichever slot served it: a server gives a new request the first free slot, so a
+    repeated request seldom lands where the first one ran. Safe unlocked: the engine drives all slots
+    from one thread."""
+
+    def __init__(self, config: SuffixConfig) -> None:
+        self.config = config
+        self.index = ContinuationCounts(config)
+        self.texts: deque[list[int]] = deque()
+        self.size = 0  # tokens in `texts`
+
+    def add(self, text: list[int]) -> None:
+        if not self.config.history_tokens or not text:
+            return
+        self.texts.append(text)
+        self.size += len(text)
+        self.index.add(text)
+        while self.size > self.config.history_tokens:
+            old = self.texts.popleft()
+            self.index.add(old, sign=-1)
+            self.size -= len(old)
+
+
 class SuffixDrafter:
     """Drafter over ContinuationCounts of the current request and of a bounded history of earlier ones."""
 
-    def __init__(self, config: SuffixConfig = SuffixConfig(), tree: int = 0) -> None:
+    def __init__(self, config: SuffixConfig = SuffixConfig(), tree: int = 0, history: History | None = None) -> None:
         if integer(tree) is None or tree < 0:
             raise ValueError(f"tree must be an integer >= 0 (extra tree nodes per round; 0 = a chain), got {tree!r}")
+        if history is not None and history.config != config:
+            raise ValueError("a shared history must be counted with the drafter's own config")
         self.config = config
         self.tree = tree
         self.name = "suffix"
         self.free = True  # no model; q one-hot (drafters/protocol.py)
         self.current = ContinuationCounts(config)  # the current request's text, counted up to its end
-        self.earlier = ContinuationCounts(config)  # the texts in `history`
-        self.history: deque[list[int]] = deque()  # earlier requests' texts
-        self.history_size = 0  # tokens in `history`
+        self.history = history if history is not None else History(config)  # shared with forks
         self.live: list[int] = []  # the current request's text
         self.renames = Renames() if config.renames else None  # the current request's
 
     def reset(self) -> None:
         """A new request: the current one's text joins the history (the oldest beyond the bound leaves)."""
-        if self.config.history_tokens and self.live:
-            self.history.append(self.live)
-            self.history_size += len(self.live)
-            self.earlier.add(self.live)
-            while self.history_size > self.config.history_tokens:
-                old = self.history.popleft()
-                self.earlier.add(old, sign=-1)
-                self.history_size -= len(old)
+        self.history.add(self.live)
         self.current = ContinuationCounts(self.config)
         self.live = []
         self.renames = Renames() if self.config.renames else None
@@ -186,7 +204,7 @@ class SuffixDrafter:
         history (the longer; a tie: the current request). Its continuations are counted as the text had
         them (`_next` writes them as the output does)."""
         here = longer_match(self.renames, tail, self.current.match)
-        before = longer_match(self.renames, tail, self.earlier.match)
+        before = longer_match(self.renames, tail, self.history.index.match)
         return here if here[0] >= before[0] else before
 
     def _next(self, tail: Sequence[int]) -> tuple[int, Counter | None]:
@@ -251,18 +269,17 @@ class SuffixDrafter:
         return Proposal(tokens, None, parents=parents, gains=gains)
 
     def fork(self) -> "SuffixDrafter":
-        """Another slot's drafter, with its own index and history: each slot learns from the
-        requests it served (a shared index would need a lock-free count of concurrent texts)."""
-        return SuffixDrafter(self.config, self.tree)
+        """Another slot's drafter: its own request's index, the same history (`History`)."""
+        return SuffixDrafter(self.config, self.tree, self.history)
 
     def observe(self, drafted: int, accepted: int) -> None:
         pass
 
     @property
     def memory(self) -> dict:
-        """What the two indexes hold (the current request's and the history's; an n-gram in both is held,
+        """What the two indexes hold (this request's and the shared history's; an n-gram in both is held,
         and counted, twice): n-grams, counted continuations, tokens and requests of history."""
-        indexes = (self.current.counts, self.earlier.counts)
+        indexes = (self.current.counts, self.history.index.counts)
         return {"ngrams": sum(map(len, indexes)),
                 "continuations": sum(len(c) for counts in indexes for c in counts.values()),
-                "history_tokens": self.history_size, "history_requests": len(self.history)}
+                "history_tokens": self.history.size, "history_requests": len(self.history.texts)}

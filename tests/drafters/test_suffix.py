@@ -86,7 +86,7 @@ def test_earlier_requests_help_later_ones():
     propose(no_history, [40, 41, 42, 43, 44])
     no_history.reset()
     assert propose(no_history, [5, 6, 40, 41], k=3) == []
-    assert no_history.earlier.counts == {} and no_history.current.counts.keys() == {(5, 6), (6, 40)}  # request 1 forgotten
+    assert no_history.history.index.counts == {} and no_history.current.counts.keys() == {(5, 6), (6, 40)}  # request 1 forgotten
 
 
 def test_history_is_bounded_and_forgets_the_oldest_exactly():
@@ -96,19 +96,34 @@ def test_history_is_bounded_and_forgets_the_oldest_exactly():
     for text in texts:
         propose(drafter, text)
         drafter.reset()
-    assert drafter.history_size <= 12 and list(drafter.history) == texts[-2:]
+    assert drafter.history.size <= 12 and list(drafter.history.texts) == texts[-2:]
     expected = ContinuationCounts(config)
     for text in texts[-2:]:
         expected.add(text)
-    assert drafter.earlier.counts == expected.counts
+    assert drafter.history.index.counts == expected.counts
     assert drafter.memory["history_requests"] == 2
+
+
+def test_forks_share_the_history_and_keep_their_own_request():
+    """A batch's slots: a request served by one slot helps the next one served by another."""
+    first = SuffixDrafter(BIGRAMS)
+    second = first.fork()
+    propose(first, [40, 41, 42, 43, 44])  # slot 0 serves a request
+    assert propose(second, [5, 6, 40, 41], k=3) == []  # slot 1, meanwhile: not history yet
+    first.reset()
+    second.reset()
+    assert propose(second, [5, 6, 40, 41], k=3) == [42, 43, 44]  # both texts are history now
+    assert first.live == [] and first.current.counts == {}  # its own request's index: not shared
+    assert first.memory["history_requests"] == second.memory["history_requests"] == 2
+    with pytest.raises(ValueError, match="shared history"):
+        SuffixDrafter(SuffixConfig(max_n=3), history=first.history)
 
 
 def test_a_context_that_is_not_an_extension_starts_a_new_request():
     drafter = SuffixDrafter(BIGRAMS)
     propose(drafter, [1, 2, 3, 1, 2])
     propose(drafter, [9, 8])  # a new request without reset(): the old text moves to the history
-    assert drafter.live == [9, 8] and list(drafter.history) == [[1, 2, 3, 1, 2]]
+    assert drafter.live == [9, 8] and list(drafter.history.texts) == [[1, 2, 3, 1, 2]]
 
 
 @settings(max_examples=100, deadline=None)
