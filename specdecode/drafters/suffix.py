@@ -113,9 +113,9 @@ class ContinuationCounts:
 class History:
     """Earlier requests' texts, counted in one index; beyond `history_tokens` tokens the oldest leave.
     A drafter and its forks (the batch's slots) share one, so every slot learns from every request the
-    process served, whichever slot served it: a server gives a new request the first free slot, so a
-    repeated request seldom lands where the first one ran. Safe unlocked: the engine drives all slots
-    from one thread."""
+    process served, whichever slot served it (the scheduler gives a new request the free slot whose
+    cache shares most of its prompt, else the first free one, so a repeated request seldom lands where
+    the first one ran). Safe unlocked: the engine drives all slots from one thread."""
 
     def __init__(self, config: SuffixConfig) -> None:
         self.config = config
