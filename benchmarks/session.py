@@ -74,12 +74,11 @@ EDITS = [
 ]
 
 
-def same_answer(rows: list[dict], plain: list[dict], turns: set | None = None) -> tuple[float | None, int]:
-    """The geometric mean over plain decoding on turns 2.. where the method wrote the same answer, of those
-    in `turns` ((file, turn) pairs; None: all), and how many turns that is: the drafter measured on the
-    same text, free of which way a near-tie went."""
-    ratios = [r["decode_tok_s"] / p["decode_tok_s"] for r, p in zip(rows, plain) if r["turn"] > 1
-              and r["same_as_plain"] and (turns is None or (r["file"], r["turn"]) in turns)]
+def vs_plain(rows: list[dict], plain: list[dict], keep=lambda row: True) -> tuple[float | None, int]:
+    """The geometric mean of a method's decode rate over plain decoding's on turns 2.. that `keep`
+    accepts (None if none), and how many turns that is. Kept to the turns where the method wrote plain
+    decoding's answer, it measures the drafter on the same text, free of which way a near-tie went."""
+    ratios = [r["decode_tok_s"] / p["decode_tok_s"] for r, p in zip(rows, plain) if r["turn"] > 1 and keep(r)]
     return (statistics.geometric_mean(ratios) if ratios else None), len(ratios)
 
 
@@ -130,19 +129,16 @@ def main() -> None:
             messages.append({"role": "assistant", "content": base.tokenizer.decode(answers["plain"]["ids"],
                                                                                    skip_special_tokens=True)})
 
-    later = lambda rs: [r for r in rs if r["turn"] > 1]  # noqa: E731
     lines = [f"# A multi-turn editing session ({args.mode}): decode tokens/s per turn", "",
              "| file, turn | prompt tokens | " + " | ".join(decoders) + " |", "|---|---|" + "---|" * len(decoders)]
     for i, r in enumerate(rows["plain"]):
         lines.append(f"| {r['file']}, {r['turn']} | {r['prompt_tokens']} | " + " | ".join(
             f"{rows[m][i]['decode_tok_s']:.1f} ({rows[m][i]['tokens_per_round']:.2f}/round)"
             + ("" if rows[m][i]["same_as_plain"] or args.mode != "greedy" else " *") for m in decoders) + " |")
-    summary = {m: statistics.geometric_mean([r["decode_tok_s"] / p["decode_tok_s"]
-                                             for r, p in zip(later(rows[m]), later(rows["plain"]))])
-               for m in decoders}
+    summary = {m: vs_plain(rows[m], rows["plain"])[0] for m in decoders}
     everyone = {(r["file"], r["turn"]) for i, r in enumerate(rows["plain"]) if all(rows[m][i]["same_as_plain"] for m in decoders)}
-    own = {m: same_answer(rows[m], rows["plain"]) for m in decoders}
-    common = {m: same_answer(rows[m], rows["plain"], everyone) for m in decoders}
+    own = {m: vs_plain(rows[m], rows["plain"], lambda r: r["same_as_plain"]) for m in decoders}
+    common = {m: vs_plain(rows[m], rows["plain"], lambda r: (r["file"], r["turn"]) in everyone) for m in decoders}
     lines += ["", "Against plain decoding, turns 2..: " + ", ".join(f"{m} {v:.2f}x" for m, v in summary.items())]
     if args.mode == "greedy":  # a sampled answer differs from plain decoding's by design (same law, other draws)
         lines += ["", "*: a different answer from plain decoding's (greedy near-ties that llama.cpp's batched passes "
