@@ -48,6 +48,9 @@ class LookupConfig:
     renames: bool = True
 
     def __post_init__(self) -> None:
+        for name in ("min_n", "max_n", "max_proposal", "long_match"):
+            if integer(getattr(self, name)) is None:
+                raise ValueError(f"{name} must be an integer, got {getattr(self, name)!r}")
         if not 1 <= self.min_n <= self.max_n:
             raise ValueError(f"need 1 <= min_n <= max_n, got min_n={self.min_n}, max_n={self.max_n}")
         if self.max_proposal < 1:

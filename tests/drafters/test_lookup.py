@@ -1,5 +1,6 @@
 """Prompt-lookup drafter: table tests, limits, and the incremental index == the pure function."""
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -36,6 +37,12 @@ def test_bad_config():
         LookupConfig(min_n=3, max_n=2)
     with pytest.raises(ValueError, match="max_proposal"):
         LookupConfig(max_proposal=0)
+    # types: each fails here, naming the field, not later inside the index (1.5 passed the range check)
+    for field, bad in (("min_n", 1.5), ("max_n", float("inf")), ("max_proposal", None), ("long_match", "16"),
+                       ("min_n", True)):
+        with pytest.raises(ValueError, match=f"{field} must be an integer"):
+            LookupConfig(**{field: bad})
+    assert LookupConfig(min_n=np.int64(2), max_n=np.int64(3)).max_n == 3  # numpy integers are integers
 
 
 @settings(max_examples=200, deadline=None)
