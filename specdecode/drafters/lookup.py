@@ -25,7 +25,7 @@ import torch
 from specdecode.checks import integer, real
 from specdecode.core.probs import SamplingParams
 from specdecode.drafters.protocol import Proposal, Situation
-from specdecode.drafters.renames import Renames, longer_match
+from specdecode.drafters.renames import Renames, longer_match, new_renames
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +147,7 @@ def lookup(context: Sequence[int], k: int, config: LookupConfig = LookupConfig()
     if prompt_length is not None and (integer(prompt_length) is None or not 0 <= prompt_length <= len(context)):
         raise ValueError(f"prompt_length must be an integer in 0..{len(context)} (the context's length) or None, "
                          f"got {prompt_length!r}")
-    index = NgramIndex(config, Renames() if config.renames else None)
+    index = NgramIndex(config, new_renames(config.renames))
     cut = len(context) if prompt_length is None else prompt_length
     index.extend(context[:cut])
     if cut < len(context):
@@ -165,7 +165,7 @@ class LookupDrafter:
         self.index = self._new_index()
 
     def _new_index(self) -> NgramIndex:
-        return NgramIndex(self.config, Renames() if self.config.renames else None)
+        return NgramIndex(self.config, new_renames(self.config.renames))
 
     def reset(self) -> None:
         self.index = self._new_index()

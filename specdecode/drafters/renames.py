@@ -80,6 +80,11 @@ class Renames:
         return bool(self.renames)
 
 
+def new_renames(enabled: bool) -> "Renames | None":
+    """A fresh Renames for a new request where the drafter's config learns renames, else None."""
+    return Renames() if enabled else None
+
+
 def longer_match(renames: "Renames | None", tail: Sequence[int],
                  match: Callable[[Sequence[int]], tuple[int, T | None]]) -> tuple[int, T | None]:
     """`match(tail)` ((n, what matched), (0, None) for none), or, where the tail holds renamed tokens,

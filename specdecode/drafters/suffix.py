@@ -48,7 +48,7 @@ import torch
 from specdecode.checks import integer, real
 from specdecode.core.probs import SamplingParams
 from specdecode.drafters.protocol import Proposal
-from specdecode.drafters.renames import Renames, longer_match
+from specdecode.drafters.renames import longer_match, new_renames
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,14 +150,14 @@ class SuffixDrafter:
         self.current = ContinuationCounts(config)  # the current request's text, counted up to its end
         self.history = history if history is not None else History(config)  # shared with forks
         self.live: list[int] = []  # the current request's text
-        self.renames = Renames() if config.renames else None  # the current request's
+        self.renames = new_renames(config.renames)  # the current request's
 
     def reset(self) -> None:
         """A new request: the current one's text joins the history (the oldest beyond the bound leaves)."""
         self.history.add(self.live)
         self.current = ContinuationCounts(self.config)
         self.live = []
-        self.renames = Renames() if self.config.renames else None
+        self.renames = new_renames(self.config.renames)
 
     def propose(self, context: Sequence[int], k: int, params: SamplingParams,
                 generator: torch.Generator) -> Proposal:
