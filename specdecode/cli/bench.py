@@ -121,6 +121,7 @@ def run_bench(args: argparse.Namespace) -> int:
     from specdecode.bench.methods import build_llamacpp_native, build_ours
     from specdecode.bench.report import markdown, plot, summarise
     from specdecode.bench.workers import MethodWorker
+    from specdecode.engine.calibration import CALIBRATION_TEXT
     from specdecode.engine.decoder import SpeculativeDecoder
 
     check_model_options(args)
@@ -152,7 +153,7 @@ def run_bench(args: argparse.Namespace) -> int:
                                      device=device, speculative=False, n_ctx=256 if backend == "llama.cpp" else 0,
                                      progress=True)
     encode = helper.encode
-    curve_ids = encode("def f(x):\n    return x * 2\n" * 4)
+    curve_ids = encode(CALIBRATION_TEXT)
     eos_ids = sorted(helper.eos_ids)
     del helper
     n_ctx = args.n_ctx or 4096

@@ -8,6 +8,7 @@ import socket
 from specdecode.cli.generate import (add_model_args, batch_size, load_decoder, non_negative_int, port_number,
                                      positive_int, seconds)
 from specdecode.cli.output import err_console
+from specdecode.engine.calibration import CALIBRATION_TEXT
 from specdecode.engine.config import DEFAULT_PREFILL_TOKENS
 
 
@@ -77,6 +78,11 @@ def run_serve(args: argparse.Namespace) -> int:
 
     check_can_listen(args.host, args.port)
     decoder = load_decoder(args)
+    # Adaptive K's costs, from the calibration cache or measured now (about a minute on a 2-core CPU the
+    # first time): before serving. Measured at the first request instead, they held it and every request
+    # queued behind it for minutes while /health answered ok.
+    with err_console.status("adaptive K: measuring this machine's pass and draft costs (once; then cached)"):
+        decoder.calibrate(decoder.encode(CALIBRATION_TEXT))
     model_id = args.model_id or decoder.target.name.split(":")[-1]
     app = create_app(decoder, model_id, max_queue=args.queue_size, max_body_bytes=args.max_body_bytes,
                      prompt_cache_bytes=args.prompt_cache_mb * 2 ** 20, prefill_tokens=args.prefill_chunk)

@@ -21,6 +21,10 @@ from typing import Callable, Sequence
 
 from specdecode.drafters.protocol import Drafter
 
+# The context a calibration measures after where no request gives one (a server's start, the bench): any
+# text will do, as the costs depend on the pass sizes and the context's length, not on the tokens.
+CALIBRATION_TEXT = "def f(x):\n    return x * 2\n" * 4
+
 
 def machine_id() -> str:
     """The CPU model and core count: what the timings depend on besides the model."""
