@@ -19,6 +19,7 @@ from specdecode.core.probs import SamplingParams
 from specdecode.drafters import auto_drafters
 from specdecode.drafters.lookup import LookupDrafter
 from specdecode.drafters.model import ModelDrafter
+from specdecode.drafters.suffix import SuffixConfig, SuffixDrafter
 from specdecode.engine.config import GenerationConfig
 from specdecode.engine.decoder import SpeculativeDecoder
 from specdecode.engine.policy import AdaptiveK
@@ -28,7 +29,7 @@ BASELINE = "plain"
 PLAIN_DECODERS = (BASELINE, "llama.cpp plain", "hf plain")  # the plain decoders a run may measure
 # how every method's name starts (Method checks it): `bench --methods` checks its prefixes against
 # these before the models load, a minute before the methods themselves exist
-FAMILIES = (BASELINE, "model ", "auto ", "lookup ", "hf ", "llama.cpp ")
+FAMILIES = (BASELINE, "model ", "auto ", "lookup ", "suffix ", "hf ", "llama.cpp ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,12 +64,18 @@ class Method:
             raise ValueError(f"method {self.name!r} starts with none of FAMILIES {FAMILIES}: add its first word")
 
 
+# The bench's suffix drafter counts the request's own text only. Its prompts are unrelated, so a history
+# across them would hold little but the earlier repetitions of the same prompt, which it would then copy
+# (each cell runs a prompt `reps` times); benchmarks/session.py and repeat.py measure the history.
+REQUEST_ONLY = SuffixConfig(history_tokens=0)
+
+
 def our_methods(target: HFModel, tokenizer, cheap_draft: HFModel | None, plain_draft: HFModel | None,
                 k_sweep: list[int], eos_ids: frozenset[int], verifications: tuple[str, ...] = ("token",),
                 trees: tuple[int, ...] = ()) -> list[Method]:
     """Plain decoding, then our speculative methods with the first verification rule; each further
     rule adds the adaptive methods again, named "<method> (<rule>)"; each tree size adds the draft
-    model's methods with that tree, named "<method>, tree <n>"."""
+    model's and the suffix drafter's methods with that tree, named "<method>, tree <n>"."""
     def make(name: str, drafters, k: int | None, verification: str = verifications[0]) -> Method:
         decoder = SpeculativeDecoder(target, tokenizer, drafters, eos_ids=eos_ids, policy=AdaptiveK())
 
@@ -94,7 +101,9 @@ def our_methods(target: HFModel, tokenizer, cheap_draft: HFModel | None, plain_d
     if plain_draft is not None:
         methods.append(make("model adaptive, plain draft", [ModelDrafter(plain_draft)], None))
     methods.append(make("lookup adaptive", [LookupDrafter()], None))
+    methods.append(make("suffix adaptive", [SuffixDrafter(REQUEST_ONLY)], None))
     for n in trees:  # draft trees: the chain of K plus up to n extra nodes (all kept at a fixed K)
+        methods.append(make(f"suffix adaptive, tree {n}", [SuffixDrafter(REQUEST_ONLY, tree=n)], None))
         if cheap_draft is not None:
             tree_model = ModelDrafter(cheap_draft, tree=n)
             methods += [make(f"model K={k}, tree {n}", [tree_model], k) for k in k_sweep]
@@ -107,6 +116,7 @@ def our_methods(target: HFModel, tokenizer, cheap_draft: HFModel | None, plain_d
             methods.append(make(f"model adaptive ({rule})", [ModelDrafter(cheap_draft)], None, rule))
             methods.append(make(f"auto adaptive ({rule})", auto_drafters(cheap_draft), None, rule))
         methods.append(make(f"lookup adaptive ({rule})", [LookupDrafter()], None, rule))
+        methods.append(make(f"suffix adaptive ({rule})", [SuffixDrafter(REQUEST_ONLY)], None, rule))
     return methods
 
 

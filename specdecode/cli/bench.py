@@ -16,7 +16,7 @@ from specdecode.core import VERIFY_RULES
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmark speculative decoding against plain decoding and HF",
-                       description="Run plain decoding, our speculative methods (K sweep, adaptive, lookup, "
+                       description="Run plain decoding, our speculative methods (K sweep, adaptive, lookup, suffix, "
                                    "auto) and Hugging Face generate (plain, assisted, prompt lookup) interleaved "
                                    "on the prompt sets; write results.json, results.md and speedup.png.")
     add_model_args(p)

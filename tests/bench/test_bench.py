@@ -4,6 +4,7 @@ checks greedy identity inside the benchmark, and its analysis is sound (no timin
 import json
 
 import pytest
+import torch
 
 from specdecode.bench.harness import BenchConfig, Cell, load_prompts
 from specdecode.bench.methods import RunResult
@@ -38,7 +39,7 @@ def test_quick_bench_writes_reports(model_dirs, tmp_path, capsys):
     doc = json.loads((out / "results.json").read_text())
     rows = doc["summary"]["codegen"]["greedy"]
     assert {"plain", "model K=2", "model K=4", "model adaptive", "auto adaptive", "lookup adaptive",
-            "hf plain", "hf assisted", "hf prompt-lookup"} <= set(rows)
+            "suffix adaptive", "hf plain", "hf assisted", "hf prompt-lookup"} <= set(rows)
     assert rows["plain"]["speedup"] == pytest.approx(1.0)
     assert rows["model K=4"]["predicted"] is not None and rows["model K=4"]["efficiency"] is not None
     assert "vs_hf_assisted" in rows["model K=4"]
@@ -95,3 +96,25 @@ def test_bench_on_llamacpp_has_llamacpp_peers(tmp_path, capsys):
     assert max(rows[m]["vs_fastest_plain"] for m in ("plain", "llama.cpp plain")) == pytest.approx(1.0)
     assert rows["plain"]["vs_fastest_plain"] == pytest.approx(rows["plain"]["tokens_per_s"] / fastest)
     assert "vs fastest plain" in (out / "results.md").read_text()
+
+
+
+def test_the_suffix_methods_count_each_request_alone(model_dirs):
+    """The bench's suffix drafter keeps no history: each cell runs its prompt `reps` times, and a
+    history would copy the earlier runs of the same prompt. With --tree and --verify it runs again."""
+    from specdecode.backends.weights import load_model
+    from specdecode.bench.methods import REQUEST_ONLY, our_methods
+    from specdecode.core.probs import GREEDY
+    from specdecode.drafters.suffix import SuffixConfig, SuffixDrafter
+
+    target, tokenizer = load_model(model_dirs[0], "target", torch.float32, "cpu", progress=False)
+    methods = our_methods(target, tokenizer, None, None, [2], frozenset(), ("token", "block"), (3,))
+    assert {m.name for m in methods if m.name.startswith("suffix")} == {
+        "suffix adaptive", "suffix adaptive, tree 3", "suffix adaptive (block)"}
+    text = list(range(10, 30))
+    for config, copies in ((REQUEST_ONLY, False), (SuffixConfig(), True)):  # the default keeps a history
+        drafter = SuffixDrafter(config)
+        drafter.propose(text, 4, GREEDY, torch.Generator())  # a first request, run to its end
+        drafter.reset()
+        again = drafter.propose(text[:5], 4, GREEDY, torch.Generator()).tokens  # the same text asked again
+        assert again == ([15, 16, 17, 18] if copies else [])
