@@ -50,19 +50,19 @@ _KINDS = {400: "invalid_request_error", 404: "not_found_error", 413: "invalid_re
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, code: str | None = None) -> None:
         super().__init__(message)
-        self.status, self.message, self.param, self.headers = status, message, param, headers
+        self.status, self.message, self.param, self.headers, self.code = status, message, param, headers, code
 
 
-def error_body(message: str, param: str | None, kind: str = "invalid_request_error") -> dict:
-    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
+def error_body(message: str, param: str | None, kind: str = "invalid_request_error", code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 def error_response(status: int, message: str, param: str | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
+                   headers: dict[str, str] | None = None, code: str | None = None) -> JSONResponse:
     kind = _KINDS.get(status, "server_error" if status >= 500 else "invalid_request_error")
-    return JSONResponse(error_body(message, param, kind), status_code=status, headers=headers)
+    return JSONResponse(error_body(message, param, kind, code), status_code=status, headers=headers)
 
 
 def create_app(decoder: SpeculativeDecoder, model_id: str, max_queue: int = 16,
@@ -109,7 +109,7 @@ def create_app(decoder: SpeculativeDecoder, model_id: str, max_queue: int = 16,
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError):
         count(metrics, request.url.path, exc.status)
-        return error_response(exc.status, exc.message, exc.param, exc.headers)
+        return error_response(exc.status, exc.message, exc.param, exc.headers, exc.code)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
@@ -139,7 +139,8 @@ def create_app(decoder: SpeculativeDecoder, model_id: str, max_queue: int = 16,
     @app.api_route("/v1/models/{name:path}", methods=["GET", "HEAD"])  # a path: model ids may hold slashes ("org/model")
     async def model(name: str):
         if name != model_id:
-            raise ApiError(404, f"no such model {name!r}; this server serves {model_id!r}", "model")
+            raise ApiError(404, f"no such model {name!r}; this server serves {model_id!r}", "model",
+                           code="model_not_found")
         return card
 
     @app.api_route("/metrics", methods=["GET", "HEAD"])
@@ -157,7 +158,8 @@ def create_app(decoder: SpeculativeDecoder, model_id: str, max_queue: int = 16,
 
     async def _respond(request: Request, body, prompt, chat: bool):
         if body.model != model_id:
-            raise ApiError(400, f"unknown model {body.model!r}; this server serves {model_id!r}", "model")
+            raise ApiError(404, f"no such model {body.model!r}; this server serves {model_id!r}", "model",
+                           code="model_not_found")  # OpenAI's status and code, as GET /v1/models/<name>
         loop = asyncio.get_running_loop()
         ids = await loop.run_in_executor(tokenize_pool, _encode, decoder, prompt, chat)
         config = _config(decoder, body, ids, chat)

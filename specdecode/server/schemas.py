@@ -116,6 +116,12 @@ class _Common(_Strict):
             raise ValueError(f"{info.field_name} is not supported: leave it out, or send {accepted} (which do nothing)")
         return v
 
+    @field_validator("temperature", "top_p", "top_k", "min_p", "n", "stream", mode="before")
+    @classmethod
+    def _null_is_the_default(cls, v, info: ValidationInfo):
+        """OpenAI's schema lets these be null, meaning the default (clients send null for "unset")."""
+        return cls.model_fields[info.field_name].default if v is None else v
+
     @field_validator("top_k")
     @classmethod
     def _top_k_off(cls, v: int) -> int:

@@ -289,6 +289,29 @@ def test_developer_role_is_system_and_top_k_minus_one_is_off(server):
     assert text("completions", {**sampled, "top_k": -1}) == text("completions", {**sampled, "top_k": 0})
 
 
+def test_null_is_the_default_where_openai_allows_null(server):
+    """OpenAI's schema has temperature, top_p, n and stream nullable ("unset"); top_k and min_p (vLLM's)
+    likewise: null reads as the default, so the seeded sample is the one sent without the fields."""
+    base = {"model": "tiny", "prompt": "hello", "max_tokens": 8, "seed": 11}
+    nulls = {field: None for field in ("temperature", "top_p", "top_k", "min_p", "n", "stream")}
+    texts = []
+    for body in (base, {**base, **nulls}):
+        r = post(server, "completions", body)
+        assert r.status_code == 200, r.text
+        texts.append(r.json()["choices"][0]["text"])
+    assert texts[0] == texts[1]
+
+
+@pytest.mark.parametrize("path, body", [
+    ("completions", {"model": "gpt-4", "prompt": "a"}),
+    ("chat/completions", {"model": "gpt-4", "messages": [{"role": "user", "content": "a"}]})])
+def test_an_unknown_model_is_openais_404_model_not_found(server, path, body):
+    err = assert_error(post(server, path, body), 404, "model")
+    assert err["code"] == "model_not_found" and "'tiny'" in err["message"]  # names the model served
+    err = assert_error(httpx.get(f"{server.url}/v1/models/gpt-4"), 404, "model")
+    assert err["code"] == "model_not_found"
+
+
 def test_a_stream_is_counted_by_how_it_ended(server):
     """/metrics counts a stream when it ends: 200 after [DONE], 499 when its client left first (it counted
     every stream as 200 when it began, failed or not)."""
