@@ -236,7 +236,7 @@ def test_bench_checks_its_method_names_before_loading(capsys, tmp_path):
     rc, err = run(capsys, "bench", "--out", str(tmp_path / "r"), "--target", "/nonexistent", "--methods", "auto",
                   "atuo")
     assert rc == 2 and one_line(err).endswith("--methods: no method starts with 'atuo'; method names start with "
-                                              "plain, model, auto, lookup, hf, llama.cpp")
+                                              "plain, model, auto, lookup, suffix, hf, llama.cpp")
     assert not (tmp_path / "r").exists()  # refused before the output directory was made
     rc, err = run(capsys, "bench", "--out", str(tmp_path / "r"), "--target", "/nonexistent", "--methods", "Auto",
                   "llama.cpp p", "model K=2")
