@@ -59,6 +59,8 @@ VOCAB_MAX = 262_144  # the largest vocabularies in use (Gemma 3: 262,144 tokens)
 # simulate: rounds x (K+1) x V probabilities verified, ~10 ns each on one CPU core, so at most
 # about 90 s (the defaults at Qwen's 151,936 tokens take about 80 s); beyond it, say so instead of hanging
 WORK_MAX = 2**33
+# rand7: both methods draw --n times in Python, ~2.5 us a draw together, so at most about 30 s
+RAND7_MAX = 10**7
 
 
 def run_theory(args: argparse.Namespace) -> int:
@@ -136,13 +138,16 @@ def run_simulate(args: argparse.Namespace) -> int:
 
 
 def run_rand7(args: argparse.Namespace) -> int:
-    if args.n < 1:
-        raise ValueError("--n must be >= 1")
+    if not 1 <= args.n <= RAND7_MAX:
+        raise ValueError(f"--n must be 1..{RAND7_MAX} (more would run for minutes), got {args.n}")
     rows = []
     for name, fn, exact in [("basic", rand7_basic, expected_calls_basic()),
                             ("recycling", rand7_recycling, expected_calls_recycling())]:
         src = UniformSource(5, np.random.default_rng(args.seed))
-        counts = np.bincount([fn(src) for _ in range(args.n)], minlength=8)[1:]
+        tally = [0] * 8  # counted as drawn: no list of --n results in memory
+        for _ in range(args.n):
+            tally[fn(src)] += 1
+        counts = np.array(tally[1:])
         fit = chi_square(counts.tolist(), [1 / 7] * 7)
         rows.append({"method": name, "calls_per_draw": src.calls / args.n, "exact": float(exact),
                      "exact_fraction": str(exact), "uniformity_p_value": fit.p_value,

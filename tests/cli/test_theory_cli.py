@@ -62,7 +62,8 @@ def test_rand7_json(capsys):
     (["simulate", "--vocab", "262145"], "--vocab must be 2..262144"),
     # was a 26 GB allocation; now memory is bounded, and work that would take minutes is refused
     (["simulate", "--vocab", "100000", "--rounds", "100000", "--k", "8"], "give --rounds 9544 or fewer"),
-    (["rand7", "--n", "0"], "--n must be >= 1"),
+    (["rand7", "--n", "0"], "--n must be 1..10000000 (more would run for minutes), got 0"),
+    (["rand7", "--n", "99999999999999"], "--n must be 1..10000000 (more would run for minutes), got 99999999999999"),
 ])
 def test_bad_input_is_one_clear_line(capsys, argv, message):
     assert main(argv) == 2
