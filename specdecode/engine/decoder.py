@@ -135,7 +135,7 @@ class SpeculativeDecoder:
             if dtype != "auto":
                 raise ValueError(f"--dtype {dtype} applies to the transformers backend; llama.cpp runs the GGUF's "
                                  f"own weights (add --backend transformers to choose a dtype)")
-            if draft_int8 or draft_vocab:
+            if draft_int8 is not None or draft_vocab is not None:  # --no-draft-int8 too: it reads nothing
                 raise ValueError("--draft-int8/--draft-vocab apply to a transformers draft; on llama.cpp the "
                                  "draft runs its GGUF as it is (add --backend transformers)")
         elif threads or n_ctx:
@@ -150,7 +150,7 @@ class SpeculativeDecoder:
         if draft is not None and not loads_draft:
             raise ValueError(f"--draft is a draft model, which --drafter {drafter} does not use (it loads none): "
                              f"drop --draft, or use --drafter auto or model")
-        if (draft_int8 or draft_vocab) and not loads_draft:
+        if (draft_int8 is not None or draft_vocab is not None) and not loads_draft:
             raise ValueError(f"--draft-int8/--draft-vocab shape a draft model, which --drafter {drafter} does not use: "
                              f"drop them, or use --drafter auto or model")
         if draft_confidence and not loads_draft:

@@ -204,6 +204,9 @@ def test_serve_flags_are_checked_before_loading(argv, message, capsys):
      "--draft-int8/--draft-vocab shape a draft model"),
     (["--backend", "transformers", "--drafter", "suffix", "--draft-int8"],
      "--draft-int8/--draft-vocab shape a draft model"),
+    (["--backend", "transformers", "--drafter", "lookup", "--no-draft-int8"],
+     "--draft-int8/--draft-vocab shape a draft model"),
+    (["--drafter", "lookup", "--no-draft-int8"], "--draft-int8/--draft-vocab apply to a transformers draft"),
     (["--json", "--show-drafts"], "--show-drafts colours the printed text, which --json does not print"),
 ])
 def test_options_that_would_be_ignored_are_refused(capsys, argv, message):
