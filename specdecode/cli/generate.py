@@ -130,11 +130,13 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--verify", choices=list(VERIFY_RULES), default="token",
                    help="the exact verification rule: token (token by token, default) or block (the draft "
-                        "judged as a whole, Sun et al. 2025: never fewer tokens per round; same output law)")
+                        "judged as a whole, Sun et al. 2025: never fewer tokens per round; same output law). "
+                        "Block verification is a chain rule: with --tree, tree rounds use the multi-candidate rule")
     p.add_argument("--reproducible", action="store_true",
                    help="reproducible sampling: each token a function of (seed, position), drafts accepted only "
                         "when equal to it, so the output equals --no-spec with the same seed whatever K or "
-                        "drafter (same law; fewer drafts accepted than the default rule)")
+                        "drafter (same law; fewer drafts accepted than the default rule; on llama.cpp, within "
+                        "its kernels' rounding, which can flip a near-tie between a pass and a step)")
 
 
 def config_from_args(args: argparse.Namespace) -> GenerationConfig:
