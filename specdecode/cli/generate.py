@@ -178,6 +178,13 @@ def load_decoder(args: argparse.Namespace, speculative: bool = True):
 
 def run_generate(args: argparse.Namespace) -> int:
     config = config_from_args(args)
+    if args.temperature == 0:  # greedy decoding reads no sampling option: refuse them rather than ignore them
+        sampling_only = [flag for flag, given in (("--top-p", args.top_p != 1.0), ("--top-k", args.top_k != 0),
+                                                  ("--min-p", args.min_p != 0.0), ("--reproducible", args.reproducible))
+                         if given]
+        if sampling_only:
+            raise ValueError(f"{sampling_only[0]} only applies when sampling, and --temperature 0 (the default) is "
+                             f"greedy: add --temperature > 0, or drop {sampling_only[0]}")
     speculative = not args.no_spec
     if not speculative:  # options that only speculation reads: refuse them rather than ignore them
         unused = [flag for flag, given in (("--compare", args.compare), ("--k", args.k is not None),

@@ -208,6 +208,10 @@ def test_serve_flags_are_checked_before_loading(argv, message, capsys):
      "--draft-int8/--draft-vocab shape a draft model"),
     (["--drafter", "lookup", "--no-draft-int8"], "--draft-int8/--draft-vocab apply to a transformers draft"),
     (["--json", "--show-drafts"], "--show-drafts colours the printed text, which --json does not print"),
+    (["--top-k", "5"], "--top-k only applies when sampling, and --temperature 0 (the default) is greedy"),
+    (["--top-p", "0.5", "--temperature", "0"], "--top-p only applies when sampling"),
+    (["--min-p", "0.1"], "--min-p only applies when sampling"),
+    (["--reproducible"], "--reproducible only applies when sampling"),
 ])
 def test_options_that_would_be_ignored_are_refused(capsys, argv, message):
     """Refused before any model loads (no --target here: loading would take the embedded pair)."""
