@@ -97,7 +97,7 @@ def run_theory(args: argparse.Namespace) -> int:
     console.print(table("optimal K (0 = do not speculate)", ["alpha", "K*", "speedup"],
                         [[a, k, f"{speedup(a, args.c, k) if k else 1.0:.2f}x"] for a, k in best.items()]))
     console.print(table(f"break-even alpha (speedup = 1) at c = {args.c:g}", ["K", "alpha"],
-                        [[k, v] for k, v in breakeven.items()]))
+                        [[k, "none: never pays (c < 1)" if v is None else v] for k, v in breakeven.items()]))
     return 0
 
 

@@ -118,14 +118,17 @@ def optimal_k(alpha: float, c: float, k_max: int = 16) -> int:
     return CostModel.flat(c, k_max).optimal_k(alpha)
 
 
-def break_even_alpha(k: int, c: float, tol: float = 1e-12) -> float:
-    """The alpha at which E[N] = 1 + K/c, i.e. speedup = 1 (bisection; E[N] rises with alpha)."""
+def break_even_alpha(k: int, c: float, tol: float = 1e-12) -> float | None:
+    """The alpha at which E[N] = 1 + K/c, i.e. speedup = 1 (bisection; E[N] rises with alpha); None where
+    even alpha = 1 loses (E[N] = K + 1 < 1 + K/c, i.e. c < 1: a draft step dearer than the target's)."""
     _check_k(k, minimum=1)
     if not c > 0:
         raise ValueError(f"c must be > 0, got {c}")
     target = 1 + k / c
-    if expected_tokens(1.0, k) <= target:
-        return 1.0  # even perfect drafts do not pay for themselves
+    if expected_tokens(1.0, k) < target:
+        return None  # even perfect drafts do not pay for themselves
+    if expected_tokens(1.0, k) == target:
+        return 1.0  # only perfect drafts break even
     lo, hi = 0.0, 1.0
     while hi - lo > tol:
         mid = (lo + hi) / 2

@@ -20,6 +20,15 @@ def test_theory_json(capsys):
     assert round(out["break_even_alpha"]["4"], 2) == 0.34
 
 
+def test_no_break_even_where_even_perfect_drafts_lose(capsys):
+    """c < 1 (a draft step dearer than the target's): alpha = 1 still loses, so there is no break-even
+    alpha (it was printed as 1, which reads as one)."""
+    out = run_json(capsys, "theory", "--alpha", "0.9", "--c", "0.5", "--k", "1", "2")
+    assert out["break_even_alpha"] == {"1": None, "2": None}
+    assert main(["theory", "--alpha", "0.9", "--c", "0.5", "--k", "1"]) == 0
+    assert "never pays" in capsys.readouterr().out
+
+
 def test_theory_alpha_from_pair(capsys):
     out = run_json(capsys, "theory", "--p", "0.7,0.3", "--q", "0.4,0.6", "--k", "4")
     assert out["pair_alpha"] == pytest.approx(0.7)

@@ -115,5 +115,6 @@ def test_bad_input(call, match):
 
 
 def test_break_even_when_drafts_never_pay():
-    assert break_even_alpha(4, 0.5) == 1.0  # K/c = 8 > K: even alpha = 1 cannot pay
+    assert break_even_alpha(4, 0.5) is None  # K/c = 8 > K: even alpha = 1 cannot pay
+    assert break_even_alpha(4, 1.0) == 1.0  # c = 1: only perfect drafts break even
     assert math.isclose(speedup(1.0, 0.5, 4), 5 * 0.5 / 4.5)
