@@ -78,3 +78,14 @@ def test_bad_input_is_one_clear_line(capsys, argv, message):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_too_few_samples_is_no_test_not_a_p_value_of_one(capsys):
+    """One round (or three draws) leaves one merged cell: no chi-square test, so no p-value (it printed
+    1.000 from "0 cells"); enough samples still give one (test_simulate_json)."""
+    out = run_json(capsys, "simulate", "--rounds", "1", "--seed", "1")
+    assert out["n_p_value"] is None and out["token_p_value"] is None
+    out = run_json(capsys, "rand7", "--n", "3")
+    assert [m["uniformity_p_value"] for m in out["methods"]] == [None, None]
+    assert main(["simulate", "--rounds", "1"]) == 0
+    assert "none: too few samples for the test (raise --rounds)" in " ".join(capsys.readouterr().out.split())
