@@ -18,6 +18,15 @@ class Parser(argparse.ArgumentParser):
         print_error(f"{self.prog}: {message} (see `{self.prog} --help`)")
         self.exit(2)
 
+    def parse_args(self, args=None, namespace=None):
+        """As argparse's, but an argument no option takes is named by the command it was given to (argparse
+        reports it from the top, pointing at `specdecode --help` for a `specdecode theory` option)."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            commands = getattr(self, "commands", {})  # the subcommands' parsers by name (build_parser)
+            commands.get(getattr(parsed, "command", None), self).error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="specdecode", description="Lossless speculative decoding.")
@@ -28,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_parsers(sub)
     serve.add_parsers(sub)
     theory.add_parsers(sub)
+    parser.commands = dict(sub.choices)
     return parser
 
 

@@ -300,3 +300,10 @@ def test_draft_vocab_ignores_special_ids_past_the_models_logits(capsys, model_di
     rc, err = run(capsys, "generate", "hello", "--target", model_dirs[0], "--draft", model_dirs[1], "--dtype",
                   "float32", "--draft-vocab", "50", "--max-new-tokens", "6", "--json")
     assert rc == 0, err
+
+
+def test_an_unknown_option_is_named_by_its_command(capsys):
+    """argparse reported it from the top, pointing at `specdecode --help` for a theory option."""
+    rc, err = run(capsys, "theory", "--alpha", "0.5", "--bogus")
+    assert rc == 2 and one_line(err).endswith("specdecode theory: unrecognized arguments: --bogus "
+                                              "(see `specdecode theory --help`)")
