@@ -158,6 +158,11 @@ def _existing_gguf(path: Path) -> Path:
                          f"(a transformers model directory needs a name that does not end in .gguf)")
     if not path.is_file():
         raise ValueError(f"GGUF file {str(path)!r} does not exist")
+    with open(path, "rb") as f:  # before a reader: llama.cpp's refusal logs lines and blames the format
+        head = f.read(4)
+        if len(head) == 4 and head != b"GGUF":  # shorter: a cut-off copy, which the readers name as such
+            raise ValueError(f"{str(path)!r} is not a GGUF file: it does not start with the bytes 'GGUF' (another "
+                             f"format, or a damaged copy); give a .gguf model file")
     return path
 
 

@@ -89,3 +89,12 @@ def test_an_empty_path_is_empty(backend):
         resolve_backend(backend, "", "cpu")
     with pytest.raises(ValueError, match=r"the target path is empty"):
         load("", "transformers" if backend == "auto" else backend)
+
+
+@pytest.mark.parametrize("backend", ["llama.cpp", "transformers"])
+def test_a_file_that_is_not_gguf_is_named_so(tmp_path, cache, backend):
+    """Random bytes named .gguf: one line saying what the file is not, before llama.cpp logs its refusal
+    and suggests another backend (which cannot read it either)."""
+    (tmp_path / "junk.gguf").write_bytes(b"not a model at all" * 8)
+    with pytest.raises(ValueError, match=r"'.*junk\.gguf' is not a GGUF file: it does not start with the bytes 'GGUF'"):
+        load(str(tmp_path / "junk.gguf"), backend)
