@@ -19,3 +19,10 @@ def real(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return None
     return float(value)
+
+
+def require_integers(config: object, *names: str) -> None:
+    """A ValueError naming the first of these fields of `config` that is not an integer (see `integer`)."""
+    for name in names:
+        if integer(getattr(config, name)) is None:
+            raise ValueError(f"{name} must be an integer, got {getattr(config, name)!r}")

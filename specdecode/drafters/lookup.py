@@ -22,7 +22,7 @@ from typing import Sequence
 
 import torch
 
-from specdecode.checks import integer, real
+from specdecode.checks import integer, real, require_integers
 from specdecode.core.probs import SamplingParams
 from specdecode.drafters.protocol import Proposal, Situation
 from specdecode.drafters.renames import Renames, longer_match, new_renames
@@ -48,9 +48,7 @@ class LookupConfig:
     renames: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("min_n", "max_n", "max_proposal", "long_match"):
-            if integer(getattr(self, name)) is None:
-                raise ValueError(f"{name} must be an integer, got {getattr(self, name)!r}")
+        require_integers(self, "min_n", "max_n", "max_proposal", "long_match")
         if not 1 <= self.min_n <= self.max_n:
             raise ValueError(f"need 1 <= min_n <= max_n, got min_n={self.min_n}, max_n={self.max_n}")
         if self.max_proposal < 1:

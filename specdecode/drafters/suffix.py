@@ -45,7 +45,7 @@ from typing import Sequence
 
 import torch
 
-from specdecode.checks import integer, real
+from specdecode.checks import integer, real, require_integers
 from specdecode.core.probs import SamplingParams
 from specdecode.drafters.protocol import Proposal
 from specdecode.drafters.renames import longer_match, new_renames
@@ -61,9 +61,7 @@ class SuffixConfig:
     renames: bool = True  # learn an edit's token renames from the output (drafters/renames.py)
 
     def __post_init__(self) -> None:
-        for name in ("min_n", "max_n", "max_proposal", "history_tokens"):
-            if integer(getattr(self, name)) is None:
-                raise ValueError(f"{name} must be an integer, got {getattr(self, name)!r}")
+        require_integers(self, "min_n", "max_n", "max_proposal", "history_tokens")
         if real(self.min_score) is None:
             raise ValueError(f"min_score must be a number in (0, 1], got {self.min_score!r}")
         if not 1 <= self.min_n <= self.max_n:
