@@ -124,10 +124,10 @@ def break_even_alpha(k: int, c: float, tol: float = 1e-12) -> float | None:
     _check_k(k, minimum=1)
     if not c > 0:
         raise ValueError(f"c must be > 0, got {c}")
-    target = 1 + k / c
-    if expected_tokens(1.0, k) < target:
+    target, perfect = 1 + k / c, expected_tokens(1.0, k)
+    if perfect < target:
         return None  # even perfect drafts do not pay for themselves
-    if expected_tokens(1.0, k) == target:
+    if perfect == target:
         return 1.0  # only perfect drafts break even
     lo, hi = 0.0, 1.0
     while hi - lo > tol:
