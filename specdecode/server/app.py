@@ -55,6 +55,12 @@ class ApiError(Exception):
         self.status, self.message, self.param, self.headers, self.code = status, message, param, headers, code
 
 
+def no_such_model(name: str, model_id: str) -> ApiError:
+    """OpenAI's answer to a model it does not serve: 404, code model_not_found (a request's model or
+    GET /v1/models/<name>)."""
+    return ApiError(404, f"no such model {name!r}; this server serves {model_id!r}", "model", code="model_not_found")
+
+
 def error_body(message: str, param: str | None, kind: str = "invalid_request_error", code: str | None = None) -> dict:
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
@@ -139,8 +145,7 @@ def create_app(decoder: SpeculativeDecoder, model_id: str, max_queue: int = 16,
     @app.api_route("/v1/models/{name:path}", methods=["GET", "HEAD"])  # a path: model ids may hold slashes ("org/model")
     async def model(name: str):
         if name != model_id:
-            raise ApiError(404, f"no such model {name!r}; this server serves {model_id!r}", "model",
-                           code="model_not_found")
+            raise no_such_model(name, model_id)
         return card
 
     @app.api_route("/metrics", methods=["GET", "HEAD"])
@@ -158,8 +163,7 @@ def create_app(decoder: SpeculativeDecoder, model_id: str, max_queue: int = 16,
 
     async def _respond(request: Request, body, prompt, chat: bool):
         if body.model != model_id:
-            raise ApiError(404, f"no such model {body.model!r}; this server serves {model_id!r}", "model",
-                           code="model_not_found")  # OpenAI's status and code, as GET /v1/models/<name>
+            raise no_such_model(body.model, model_id)
         loop = asyncio.get_running_loop()
         ids = await loop.run_in_executor(tokenize_pool, _encode, decoder, prompt, chat)
         config = _config(decoder, body, ids, chat)
