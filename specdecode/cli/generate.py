@@ -217,19 +217,27 @@ def run_generate(args: argparse.Namespace) -> int:
         tokens += chunk.tokens
     wall = time.perf_counter() - t0
     text = "".join(pieces)
+    context_full = stats.finish_reason == "length" and stats.new_tokens < config.max_new_tokens
 
     baseline = None
     if args.compare and speculative:
         baseline = decoder.generate(args.prompt, config, chat=args.chat, speculative=False)
 
     if args.json:
-        payload = {"text": text, "speculative": speculative, "wall_seconds": wall, "stats": stats.summary()}
+        payload = {"text": text, "speculative": speculative, "wall_seconds": wall, "stats": stats.summary(),
+                   "context_full": context_full}
         if baseline is not None:
             payload["baseline"] = {"stats": baseline.stats.summary(), "same_text": baseline.text == text,
                                    "speedup": _ratio(stats, baseline.stats)}
         emit_json(payload)
         return 0
     console.print()
+    if context_full:  # finish "length" alone would read as --max-new-tokens reached
+        setting = getattr(decoder.target, "context_setting", None)
+        err_console.print(f"[yellow]note:[/] stopped after {stats.new_tokens} of --max-new-tokens "
+                          f"{config.max_new_tokens} tokens: the model's context of {decoder.target.max_length} "
+                          f"tokens is full" + (f" (raise {setting})" if setting else ""),
+                          highlight=False, soft_wrap=True)
     _print_stats(stats, speculative)
     if baseline is not None:
         same = "identical" if baseline.text == text else "different (expected only when sampling, or in bf16)"

@@ -15,17 +15,32 @@ class Parser(argparse.ArgumentParser):
     """Usage errors print one line (what is wrong, where to read more) and exit 2, not the whole usage."""
 
     def error(self, message: str):
+        dashed = [a for a in getattr(self, "argv", ()) if a.startswith("-") and not a.startswith("--")
+                  and not _is_number(a)]
+        if dashed and "required: prompt" in message:  # argparse took the prompt "-x" for an option
+            message += f"; a prompt that starts with '-' goes after `--`: {self.prog} [options] -- {dashed[0]!r}"
         print_error(f"{self.prog}: {message} (see `{self.prog} --help`)")
         self.exit(2)
 
     def parse_args(self, args=None, namespace=None):
         """As argparse's, but an argument no option takes is named by the command it was given to (argparse
         reports it from the top, pointing at `specdecode --help` for a `specdecode theory` option)."""
+        args = list(sys.argv[1:] if args is None else args)
+        for parser in (self, *getattr(self, "commands", {}).values()):
+            parser.argv = args  # for error(): a prompt that argparse read as an option
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
             commands = getattr(self, "commands", {})  # the subcommands' parsers by name (build_parser)
             commands.get(getattr(parsed, "command", None), self).error(f"unrecognized arguments: {' '.join(extras)}")
         return parsed
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def build_parser() -> argparse.ArgumentParser:

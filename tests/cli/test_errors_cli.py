@@ -307,3 +307,13 @@ def test_an_unknown_option_is_named_by_its_command(capsys):
     rc, err = run(capsys, "theory", "--alpha", "0.5", "--bogus")
     assert rc == 2 and one_line(err).endswith("specdecode theory: unrecognized arguments: --bogus "
                                               "(see `specdecode theory --help`)")
+
+
+def test_a_prompt_that_starts_with_a_dash_is_told_to_follow_dashes(capsys):
+    """argparse reads the prompt "-x" as an option and says only that the prompt is missing."""
+    rc, err = run(capsys, "generate", "-x", "--max-new-tokens", "3")
+    line = one_line(err)
+    assert rc == 2 and "specdecode generate [options] -- '-x'" in line, line
+    rc, err = run(capsys, "generate", "--max-new-tokens", "3")  # control: no dashed word, no such advice
+    line = one_line(err)
+    assert rc == 2 and "required: prompt" in line and " -- " not in line, line

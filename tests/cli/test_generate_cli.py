@@ -205,3 +205,16 @@ def test_ctrl_c_during_the_imports_waits_for_them_to_finish():
     assert holding_ctrl_c(swallowing_import) == ("imported", True)
     assert holding_ctrl_c(lambda: "imported") == ("imported", False)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+
+
+def test_a_generation_the_context_cut_short_says_so(capsys, tmp_path):
+    """Finish "length" alone reads as --max-new-tokens reached; when the context ran out first, a note says so."""
+    model_dirs = save_pair(tmp_path, seed=13, scale=0.4, noise=0.05, max_len=32)  # greedy: no EOS in 32
+    rc, out = gen(capsys, model_dirs, "--no-spec", "--max-new-tokens", "400")
+    assert rc == 0 and "the model's context of 32 tokens is full" in out.err, out.err
+    rc, out = gen(capsys, model_dirs, "--no-spec", "--max-new-tokens", "400", "--json")
+    doc = json.loads(out.out.strip().splitlines()[-1])
+    assert doc["context_full"] is True and doc["stats"]["new_tokens"] < 400
+    rc, out = gen(capsys, model_dirs, "--no-spec", "--json")  # control: 24 tokens fit
+    doc = json.loads(out.out.strip().splitlines()[-1])
+    assert doc["context_full"] is False and doc["stats"]["new_tokens"] == 24
