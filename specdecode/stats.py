@@ -13,7 +13,7 @@ from scipy import stats
 class ChiSquare:
     statistic: float
     dof: int
-    p_value: float
+    p_value: float | None  # None: no test was possible (the cells, merged until each expects 5, came down to one)
     samples: int
     categories: int  # after merging small ones
 
@@ -23,7 +23,8 @@ def chi_square(observed: Sequence[int], probs: Sequence[float], min_expected: fl
 
     Categories whose expected count is below `min_expected` are merged into one
     (the chi-square approximation needs ~5 expected per cell). A count observed in
-    a category of probability 0 is an outright failure (p-value 0).
+    a category of probability 0 is an outright failure (p-value 0). Too few samples for
+    two cells is no test at all: p-value None, which no threshold passes or fails.
     """
     obs = np.asarray(observed, dtype=float)
     p = np.asarray(probs, dtype=float)
@@ -49,6 +50,6 @@ def chi_square(observed: Sequence[int], probs: Sequence[float], min_expected: fl
     obs_m, exp_m = obs_m[keep], exp_m[keep]
     dof = len(exp_m) - 1
     if dof < 1:
-        return ChiSquare(0.0, 0, 1.0, int(n), len(exp_m))
+        return ChiSquare(0.0, 0, None, int(n), len(exp_m))
     statistic = float(((obs_m - exp_m) ** 2 / exp_m).sum())
     return ChiSquare(statistic, dof, float(stats.chi2.sf(statistic, dof)), int(n), len(exp_m))

@@ -13,7 +13,7 @@ from specdecode.stats import chi_square
 class LawCheck:
     name: str
     samples: int
-    p_value: float
+    p_value: float | None  # None: too few samples for a test (stats.chi_square)
     level: float  # reject (fail) when p_value < level
     tv: float  # empirical TV between the samples and the exact law
     tv_bound: float  # TV(engine law, exact law) <= tv_bound (<= 1) with probability >= 1 - level
@@ -21,8 +21,13 @@ class LawCheck:
     seconds: float
 
     @property
+    def tested(self) -> bool:
+        return self.p_value is not None
+
+    @property
     def passed(self) -> bool:
-        return self.p_value >= self.level
+        """Not rejected: an untested check fails nothing (the report calls it inconclusive)."""
+        return self.p_value is None or self.p_value >= self.level
 
 
 def law_check(name: str, samples: list, cells: dict, rest: float, level: float, seconds: float) -> LawCheck:

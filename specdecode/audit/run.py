@@ -87,26 +87,32 @@ class AuditReport:
 
     @property
     def verdict(self) -> str:
-        """"fail" if a check failed; "inconclusive" if none did but the broken control rule went unseen
-        too (see `advice` for why); "pass" otherwise."""
+        """"fail" if a check failed; "inconclusive" if none did but a law check had too few samples for a
+        test, or the broken control rule went unseen too (see `advice` for why); "pass" otherwise."""
         if not self.passed:
             return "fail"
-        return "inconclusive" if self.control_detected is False else "pass"
+        untested = any(not c.tested for c in self.law_checks)
+        return "inconclusive" if untested or self.control_detected is False else "pass"
 
     @property
     def advice(self) -> str | None:
-        """Why the negative control went unseen and what would let the audit see it; None if it was seen."""
-        if self.control_detected is not False:
+        """Why the audit could not conclude (a law check untested, or the negative control unseen) and what
+        would let it; None if it could."""
+        untested = [c.name for c in self.law_checks if not c.tested]
+        if not untested and self.control_detected is not False:
             return None
         if self.control_support == 1:
             # a one-token law is what every rule emits (and top-k 1 makes the drafts deterministic
             # too): any number of samples looks the same, so --samples cannot help
             return ("the sampling settings leave a single token to sample, so the audit cannot tell a broken "
                     "rule from the right one: raise --top-k, --top-p or --temperature")
+        if untested:
+            return (f"too few samples for a chi-square test in {', '.join(untested)} (a test needs two cells "
+                    f"expecting 5 samples or more): raise --samples")
         return "too few samples to see a defect of the control's size: raise --samples for more power"
 
     def to_dict(self) -> dict:
-        law = [{**asdict(c), "passed": c.passed} for c in self.law_checks]
+        law = [{**asdict(c), "passed": c.passed, "tested": c.tested} for c in self.law_checks]
         return {"verdict": self.verdict, "passed": self.passed, "sampling": asdict(self.sampling),
                 "config": asdict(self.config),
                 "law_checks": law, "greedy_checks": [asdict(c) for c in self.greedy_checks],

@@ -65,7 +65,7 @@ def run_audit_cmd(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(report.to_dict())
         return EXIT[report.verdict]
-    rows = [[c.name, "PASS" if c.passed else "FAIL", f"{c.p_value:.3g}", f"{c.level:.2g}", c.samples,
+    rows = [[c.name, _result(c), _p(c.p_value), f"{c.level:.2g}", c.samples,
              f"{c.tv:.3f}", f"{c.tv_bound:.3f}", f"{c.seconds:.1f}"] for c in report.law_checks]
     batched = ", batched beside 2 sequences" if args.batched else ""
     console.print(table(f"law checks ({sampling}, {args.verify} verification{batched})", ["check", "result", "p-value", "level", "samples", "TV",
@@ -74,12 +74,19 @@ def run_audit_cmd(args: argparse.Namespace) -> int:
                         [[c.name, "PASS" if c.passed else "FAIL", c.tokens, c.note, f"{c.seconds:.1f}"]
                          for c in report.greedy_checks]))
     c = report.control
-    verdict = "[green]detected[/] (the audit has power)" if report.control_detected else \
-        f"[yellow]NOT detected[/]: {report.advice}"
-    console.print(f"negative control {c.name}: p-value {c.p_value:.3g} at level {c.level:.2g}: {verdict}")
+    verdict = "[green]detected[/] (the audit has power)" if report.control_detected else "[yellow]NOT detected[/]"
+    console.print(f"negative control {c.name}: p-value {_p(c.p_value)} at level {c.level:.2g}: {verdict}")
     overall = {"pass": "[green]PASS[/]", "fail": "[red]FAIL[/]",
-               "inconclusive": "[yellow]INCONCLUSIVE[/] (no check failed, but the control was not detected either)"}
+               "inconclusive": f"[yellow]INCONCLUSIVE[/] (no check failed, but {report.advice})"}
     console.print(f"overall: {overall[report.verdict]}; false-failure "
                   f"probability <= {config.level:g} (Bonferroni over {len(report.law_checks)} tests); "
                   f"{report.seconds:.0f} s")
     return EXIT[report.verdict]
+
+
+def _result(check) -> str:
+    return "FAIL" if not check.passed else "PASS" if check.tested else "untested"
+
+
+def _p(p_value: float | None) -> str:
+    return "none" if p_value is None else f"{p_value:.3g}"  # none: no test (the overall line says why)

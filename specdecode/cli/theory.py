@@ -13,7 +13,7 @@ from specdecode.core.classic import (UniformSource, expected_calls_basic, expect
                                      rand7_recycling)
 from specdecode.core.simulate import random_pair, simulate_rounds
 from specdecode.core.theory import acceptance_rate, break_even_alpha, expected_tokens, optimal_k, speedup
-from specdecode.stats import ChiSquare, chi_square
+from specdecode.stats import chi_square
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -124,23 +124,17 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"k": res.k, "rounds": res.rounds, "alpha": res.alpha, "expected_tokens": res.expected_tokens,
                    "mean_tokens": res.mean_tokens, "n_counts": res.n_counts, "n_pmf": res.n_pmf,
-                   "n_p_value": p_value(fit_n), "token_p_value": p_value(fit_tokens)})
+                   "n_p_value": fit_n.p_value, "token_p_value": fit_tokens.p_value})
         return 0
     console.print(f"vocab {args.vocab}, K = {res.k}, {res.rounds} rounds, alpha = {res.alpha:.4f}")
     console.print(f"tokens per round: measured [bold]{res.mean_tokens:.4f}[/], "
                   f"formula (1-a^(K+1))/(1-a) = [bold]{res.expected_tokens:.4f}[/]")
     console.print(table("tokens emitted per round", ["N", "measured", "P(N) formula"],
                         [[i + 1, c / res.rounds, pr] for i, (c, pr) in enumerate(zip(res.n_counts, res.n_pmf))]))
-    console.print(f"N distribution vs formula: chi-square p-value {shown(p_value(fit_n), '--rounds')}")
+    console.print(f"N distribution vs formula: chi-square p-value {shown(fit_n.p_value, '--rounds')}")
     console.print(f"emitted tokens vs target p ({fit_tokens.samples} tokens, {fit_tokens.categories} cells): "
-                  f"chi-square p-value {shown(p_value(fit_tokens), '--rounds')}")
+                  f"chi-square p-value {shown(fit_tokens.p_value, '--rounds')}")
     return 0
-
-
-def p_value(fit: ChiSquare) -> float | None:
-    """The test's p-value, or None where there was no test: too few samples, so the cells (merged until
-    each expects 5) came down to one (it read 1.000 from zero cells)."""
-    return fit.p_value if fit.dof else None
 
 
 def shown(p: float | None, more: str) -> str:
@@ -160,7 +154,7 @@ def run_rand7(args: argparse.Namespace) -> int:
         counts = np.array(tally[1:])
         fit = chi_square(counts.tolist(), [1 / 7] * 7)
         rows.append({"method": name, "calls_per_draw": src.calls / args.n, "exact": float(exact),
-                     "exact_fraction": str(exact), "uniformity_p_value": p_value(fit),
+                     "exact_fraction": str(exact), "uniformity_p_value": fit.p_value,
                      "frequencies": (counts / args.n).tolist()})
     if args.json:
         emit_json({"n": args.n, "methods": rows})

@@ -147,3 +147,26 @@ def test_a_one_token_law_says_so_instead_of_asking_for_samples():
     assert report.verdict == "inconclusive" and report.control_support == 1
     assert "single token" in report.advice and "--top-k" in report.advice and "--samples" not in report.advice
     assert report.to_dict()["advice"] == report.advice
+
+
+def test_too_few_samples_is_inconclusive_not_a_pass(pair):
+    """20 samples (the least the audit takes) over a near-uniform law of 8 tokens leave some checks no two
+    cells expecting 5: no chi-square test. Such a check read p-value 1.0 and PASS; it must be untested,
+    and the audit inconclusive, naming --samples."""
+    target, draft = pair
+    report = run_audit(target, [ModelDrafter(draft)], PROMPTS[:1], SamplingParams(),
+                       AuditConfig(samples=20, greedy_tokens=4, k=2), progress=False)
+    untested = [c for c in report.law_checks if not c.tested]
+    assert untested and all(c.p_value is None and c.passed for c in untested)  # nothing rejected, nothing tested
+    assert report.verdict == "inconclusive" and "--samples" in report.advice and untested[0].name in report.advice
+    assert [c["tested"] for c in report.to_dict()["law_checks"]] == [c.tested for c in report.law_checks]
+    # control: with 600 samples the same checks are tested, and pass
+    report = run_audit(target, [ModelDrafter(draft)], PROMPTS[:1], SamplingParams(), CONFIG, progress=False)
+    assert all(c.tested and c.passed for c in report.law_checks) and report.verdict == "pass"
+
+
+def test_chi_square_without_a_test_has_no_p_value():
+    from specdecode.stats import chi_square
+    assert chi_square([3, 0, 0], [0.5, 0.3, 0.2]).p_value is None  # 3 samples: one merged cell
+    assert chi_square([3, 0, 1], [0.5, 0.5, 0.0]).p_value == 0.0  # a probability-0 token seen: a failure
+    assert chi_square([30, 25], [0.5, 0.5]).p_value > 0.1  # a real test
