@@ -45,6 +45,11 @@ def expected_tokens(alpha: float, k: int) -> float:
     """E[N] = (1 - alpha^(K+1)) / (1 - alpha); K + 1 at alpha = 1; 1 at K = 0."""
     _check_alpha(alpha)
     _check_k(k, minimum=0)
+    return _expected_tokens(alpha, k)
+
+
+def _expected_tokens(alpha: float, k: int) -> float:
+    """`expected_tokens` unchecked: the inner loop of `CostModel.optimal_k`, run every round."""
     if alpha == 1.0:
         return float(k + 1)
     return (1 - alpha ** (k + 1)) / (1 - alpha)
@@ -101,6 +106,9 @@ class CostModel:
         _check_k(k, minimum=0)
         if k > self.max_k:
             raise ValueError(f"the cost curve covers K <= {self.max_k}, asked for K={k}")
+        return self._round_time(k)
+
+    def _round_time(self, k: int) -> float:
         return self.t_verify[k] + k * self.t_draft + (self.t_setup if k else 0.0)
 
     def speedup(self, alpha: float, k: int) -> float:
@@ -108,9 +116,15 @@ class CostModel:
         return expected_tokens(alpha, k) * self.t_verify[0] / self.round_time(k)
 
     def optimal_k(self, alpha: float, k_max: int | None = None) -> int:
-        """The integer K in 0..k_max maximising speedup (0 = do not speculate)."""
+        """The integer K in 0..k_max maximising speedup (0 = do not speculate). Checked once, then
+        `speedup` unchecked for each K: adaptive K asks this a few times every round."""
+        _check_alpha(alpha)
         k_max = self.max_k if k_max is None else min(k_max, self.max_k)
-        return max(range(k_max + 1), key=lambda k: (self.speedup(alpha, k), -k))
+        _check_k(k_max, minimum=0)
+
+        def speedup(k: int) -> float:
+            return _expected_tokens(alpha, k) * self.t_verify[0] / self._round_time(k)
+        return max(range(k_max + 1), key=lambda k: (speedup(k), -k))
 
 
 def optimal_k(alpha: float, c: float, k_max: int = 16) -> int:

@@ -481,3 +481,16 @@ def test_the_loop_files_a_drafted_round_under_its_match_class(kind):
             assert situation is None
         context += rnd.tokens
     assert drafted >= 3 and len(classes) >= 2  # the rounds met more than one class
+
+
+def test_k_follows_a_cost_curve_changed_in_place():
+    """The effective curve is kept between rounds (it was recomputed ~3 times a round); a curve changed
+    in place (tracked timings, a recalibration) must still change K at once."""
+    policy = AdaptiveK(k_max=4)
+    policy.t_verify.update({n: 1.0 for n in range(1, 6)})  # flat: drafting pays
+    policy.t_step["sim"] = 0.05
+    assert policy.choose("sim") >= 2
+    policy.t_verify.update({n: float(n) for n in range(1, 6)})  # each token a full step: it never pays
+    assert policy.choose("sim") == 0
+    policy.t_verify.update({n: 1.0 for n in range(1, 6)})  # and back
+    assert policy.choose("sim") >= 2
