@@ -23,8 +23,10 @@ def chi_square(observed: Sequence[int], probs: Sequence[float], min_expected: fl
 
     Categories whose expected count is below `min_expected` are merged into one
     (the chi-square approximation needs ~5 expected per cell). A count observed in
-    a category of probability 0 is an outright failure (p-value 0). Too few samples for
-    two cells is no test at all: p-value None, which no threshold passes or fails.
+    a category of probability 0 is an outright failure (p-value 0), so a law with one
+    possible category is tested exactly: p-value 1 when every sample fell in it. Otherwise,
+    too few samples for two cells is no test at all: p-value None, which no threshold passes
+    or fails.
     """
     obs = np.asarray(observed, dtype=float)
     p = np.asarray(probs, dtype=float)
@@ -50,6 +52,7 @@ def chi_square(observed: Sequence[int], probs: Sequence[float], min_expected: fl
     obs_m, exp_m = obs_m[keep], exp_m[keep]
     dof = len(exp_m) - 1
     if dof < 1:
-        return ChiSquare(0.0, 0, None, int(n), len(exp_m))
+        certain = int((p > 0).sum()) == 1  # every sample is where it must be: a pass at any n
+        return ChiSquare(0.0, 0, 1.0 if certain else None, int(n), len(exp_m))
     statistic = float(((obs_m - exp_m) ** 2 / exp_m).sum())
     return ChiSquare(statistic, dof, float(stats.chi2.sf(statistic, dof)), int(n), len(exp_m))

@@ -99,7 +99,7 @@ class AuditReport:
         """Why the audit could not conclude (a law check untested, or the negative control unseen) and what
         would let it; None if it could."""
         untested = [c.name for c in self.law_checks if not c.tested]
-        if not untested and self.control_detected is not False:
+        if self.verdict != "inconclusive":
             return None
         if self.control_support == 1:
             # a one-token law is what every rule emits (and top-k 1 makes the drafts deterministic
@@ -116,7 +116,7 @@ class AuditReport:
         return {"verdict": self.verdict, "passed": self.passed, "sampling": asdict(self.sampling),
                 "config": asdict(self.config),
                 "law_checks": law, "greedy_checks": [asdict(c) for c in self.greedy_checks],
-                "control": None if self.control is None else {**asdict(self.control),
+                "control": None if self.control is None else {**asdict(self.control), "tested": self.control.tested,
                                                               "detected": self.control_detected},
                 "advice": self.advice,
                 "seconds": self.seconds}

@@ -74,7 +74,8 @@ def run_audit_cmd(args: argparse.Namespace) -> int:
                         [[c.name, "PASS" if c.passed else "FAIL", c.tokens, c.note, f"{c.seconds:.1f}"]
                          for c in report.greedy_checks]))
     c = report.control
-    verdict = "[green]detected[/] (the audit has power)" if report.control_detected else "[yellow]NOT detected[/]"
+    verdict = ("[green]detected[/] (the audit has power)" if report.control_detected else
+               "[yellow]NOT detected[/]" if c.tested else "[yellow]untested[/] (too few samples for a test)")
     console.print(f"negative control {c.name}: p-value {_p(c.p_value)} at level {c.level:.2g}: {verdict}")
     overall = {"pass": "[green]PASS[/]", "fail": "[red]FAIL[/]",
                "inconclusive": f"[yellow]INCONCLUSIVE[/] (no check failed, but {report.advice})"}
@@ -89,4 +90,4 @@ def _result(check) -> str:
 
 
 def _p(p_value: float | None) -> str:
-    return "none" if p_value is None else f"{p_value:.3g}"  # none: no test (the overall line says why)
+    return "none" if p_value is None else f"{p_value:.3g}"  # none: no test (an inconclusive verdict says why)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 
 from specdecode import __version__
@@ -18,7 +19,8 @@ class Parser(argparse.ArgumentParser):
         dashed = [a for a in getattr(self, "argv", ()) if a.startswith("-") and not a.startswith("--")
                   and not _is_number(a)]
         if dashed and "required: prompt" in message:  # argparse took the prompt "-x" for an option
-            message += f"; a prompt that starts with '-' goes after `--`: {self.prog} [options] -- {dashed[0]!r}"
+            fix = f"{self.prog} [options] -- {shlex.quote(dashed[0])}"
+            message += f"; a prompt that starts with '-' goes after `--`: {fix}"
         print_error(f"{self.prog}: {message} (see `{self.prog} --help`)")
         self.exit(2)
 

@@ -113,18 +113,21 @@ class CostModel:
 
     def speedup(self, alpha: float, k: int) -> float:
         """Expected tokens per unit time relative to plain decoding."""
-        return expected_tokens(alpha, k) * self.t_verify[0] / self.round_time(k)
+        _check_alpha(alpha)
+        self.round_time(k)  # checks k
+        return self._speedup(alpha, k)
+
+    def _speedup(self, alpha: float, k: int) -> float:
+        return _expected_tokens(alpha, k) * self.t_verify[0] / self._round_time(k)
 
     def optimal_k(self, alpha: float, k_max: int | None = None) -> int:
         """The integer K in 0..k_max maximising speedup (0 = do not speculate). Checked once, then
-        `speedup` unchecked for each K: adaptive K asks this a few times every round."""
+        `_speedup` unchecked for each K: adaptive K asks this a few times every round."""
         _check_alpha(alpha)
+        if k_max is not None and (integer(k_max) is None or k_max < 0):
+            raise ValueError(f"k_max must be an integer >= 0, got {k_max!r}")
         k_max = self.max_k if k_max is None else min(k_max, self.max_k)
-        _check_k(k_max, minimum=0)
-
-        def speedup(k: int) -> float:
-            return _expected_tokens(alpha, k) * self.t_verify[0] / self._round_time(k)
-        return max(range(k_max + 1), key=lambda k: (speedup(k), -k))
+        return max(range(k_max + 1), key=lambda k: (self._speedup(alpha, k), -k))
 
 
 def optimal_k(alpha: float, c: float, k_max: int = 16) -> int:

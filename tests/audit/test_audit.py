@@ -169,4 +169,16 @@ def test_chi_square_without_a_test_has_no_p_value():
     from specdecode.stats import chi_square
     assert chi_square([3, 0, 0], [0.5, 0.3, 0.2]).p_value is None  # 3 samples: one merged cell
     assert chi_square([3, 0, 1], [0.5, 0.5, 0.0]).p_value == 0.0  # a probability-0 token seen: a failure
+    assert chi_square([3, 0], [1.0, 0.0]).p_value == 1.0  # one possible token, always seen: exact at any n
     assert chi_square([30, 25], [0.5, 0.5]).p_value > 0.1  # a real test
+
+
+def test_a_one_token_law_is_tested_exactly_and_a_detected_control_passes(pair):
+    """top-k 1 leaves one token: its law checks are exact at any n (a sample elsewhere is p = 0), so they are
+    tested, not 'untested'; with the control detected the audit passes (it read inconclusive, advising
+    both that the audit cannot tell the rules apart and, under it, that the control was detected)."""
+    target, draft = pair
+    report = run_audit(target, [ModelDrafter(draft)], PROMPTS[:1], SamplingParams(top_k=1),
+                       AuditConfig(samples=100, greedy_tokens=4, k=3), progress=False)
+    assert all(c.tested and c.p_value == 1.0 for c in report.law_checks)
+    assert report.control_detected and report.verdict == "pass" and report.advice is None
