@@ -181,7 +181,12 @@ class LlamaContext:
         if settings.n_seq_max < 1:
             raise ValueError(f"n_seq_max must be >= 1, got {settings.n_seq_max}")
         self.ll, self.weights, self.settings = ll, weights, settings
-        per_seq = settings.n_ctx or min(weights.n_ctx_train or settings.max_ctx, settings.max_ctx // settings.n_seq_max)
+        trained = weights.n_ctx_train or settings.max_ctx
+        # beyond it llama.cpp wrapped 2^32 to a small context, aborted on 2^32 + a little, or ran out of memory
+        if not 0 <= settings.n_ctx <= trained:
+            raise ValueError(f"n_ctx (--n-ctx) must be 0 (the model's) to {weights.name}'s trained context of "
+                             f"{trained} tokens, got {settings.n_ctx}")
+        per_seq = settings.n_ctx or min(trained, settings.max_ctx // settings.n_seq_max)
         params = ll.llama_context_default_params()
         params.n_ctx = per_seq * settings.n_seq_max
         params.n_batch = params.n_ubatch = settings.n_batch

@@ -93,7 +93,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=thread_count, default=0,
                    help="llama.cpp threads (default 0 = the machine's cores)")
     p.add_argument("--n-ctx", type=non_negative_int, default=0,
-                   help="llama.cpp context size in tokens (default 0 = the model's, at most 32768)")
+                   help="llama.cpp context size in tokens, up to the model's trained context (default 0 = the "
+                        "model's, at most 32768 shared by the batch's sequences)")
     p.add_argument("--recalibrate", action="store_true",
                    help="measure adaptive K's costs anew (they are cached per machine, model and backend)")
     p.add_argument("--dtype", default="auto",

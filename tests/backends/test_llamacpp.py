@@ -99,6 +99,12 @@ def test_errors_are_clear(model):
     # (and a context of n_ctx=1 alone aborted the process in llama.cpp: a pool smaller than its sequence ids)
     with pytest.raises(ValueError, match=r"context of 1 \(the prompt and one new token.*or raise n_ctx \(--n-ctx\)"):
         generate_tokens(LlamaCppModel(model.weights, LlamaSettings(n_ctx=1)), [], [1], GenerationConfig(), frozenset())
+    # beyond the trained context llama.cpp aborted (2^32 + 7 wrapped into a 32-bit field), or ran out of memory
+    trained = model.weights.n_ctx_train
+    with pytest.raises(ValueError, match=f"n_ctx \\(--n-ctx\\) must be 0 .* trained context of {trained} tokens"):
+        LlamaCppModel(model.weights, LlamaSettings(n_ctx=2 ** 32 + 7))
+    with pytest.raises(ValueError, match="trained context"):
+        LlamaCppModel(model.weights, LlamaSettings(n_ctx=trained + 1))
 
 
 @pytest.fixture(scope="module")
