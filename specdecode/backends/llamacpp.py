@@ -32,6 +32,7 @@ import torch
 
 from specdecode.backends.protocol import Row, Snapshot
 from specdecode.core.tree import tree_depths
+from specdecode.interrupts import ctrl_c_after
 
 _init_lock = threading.Lock()
 # Process-wide, as llama.cpp's own backend state is: initialised once, on first use.
@@ -134,7 +135,8 @@ class LlamaWeights:
         params.n_gpu_layers = 0
         params.use_extra_bufts = not amx_build(ll)
         self.ll, self.path, self.name = ll, path, name or path.stem
-        self.ptr = ll.llama_model_load_from_file(str(path).encode(), params)
+        with ctrl_c_after():  # else a Ctrl-C lands in the log callback and is lost
+            self.ptr = ll.llama_model_load_from_file(str(path).encode(), params)
         if not self.ptr:
             raise ValueError(f"llama.cpp could not load {str(path)!r}: not a GGUF model it supports "
                              f"(try --backend transformers)")
@@ -213,7 +215,8 @@ class LlamaContext:
         params.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if settings.flash_attn \
             else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
         params.no_perf = True
-        self.ctx = ll.llama_init_from_model(weights.ptr, params)
+        with ctrl_c_after():  # else a Ctrl-C lands in the log callback and is lost
+            self.ctx = ll.llama_init_from_model(weights.ptr, params)
         if not self.ctx:
             raise ValueError(f"llama.cpp could not create a context of {settings.n_seq_max} x {per_seq} tokens "
                              f"for {weights.name} (out of memory? lower the context size or the batch)")

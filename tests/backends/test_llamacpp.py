@@ -264,3 +264,37 @@ def test_tree_pass_matches_its_chains_and_keeps_the_accepted_path(weights, token
     too_wide = [ids[-1]] + list(range(10, 15)), [-1, 0, 0, 0, 0, 0]
     with pytest.raises(ValueError, match="tree_leaves >= 5"):
         first.forward_tree(*too_wide)
+
+
+CHILD = """
+import sys
+from specdecode.backends.llamacpp import LlamaWeights
+from specdecode.backends.weights import DRAFT, ensure_gguf
+path = ensure_gguf(DRAFT, progress=False)
+print("ready", flush=True)
+try:
+    while True:
+        LlamaWeights(path)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+def test_ctrl_c_during_a_load_is_not_lost():
+    """While llama.cpp loads weights the only Python code that runs is its log callback (a line per tensor),
+    so a Ctrl-C raised its KeyboardInterrupt in there, where ctypes swallows it: a process loading in a
+    loop ignored 5 Ctrl-Cs of 5. Held back over the load, the key counts as the load returns."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        time.sleep(1.0)  # inside a load, nearly all of the time
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=30)
+    finally:
+        child.kill()
+    assert out.strip() == "interrupted" and "Exception ignored" not in err, (out, err)

@@ -192,7 +192,7 @@ def test_ctrl_c_during_the_imports_waits_for_them_to_finish():
     import os
     import signal
 
-    from specdecode.cli import holding_ctrl_c
+    from specdecode.interrupts import ctrl_c_after
 
     def swallowing_import():
         try:
@@ -202,8 +202,14 @@ def test_ctrl_c_during_the_imports_waits_for_them_to_finish():
             pass
         return "imported"
 
-    assert holding_ctrl_c(swallowing_import) == ("imported", True)
-    assert holding_ctrl_c(lambda: "imported") == ("imported", False)
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with ctrl_c_after():
+            done.append(swallowing_import())
+    assert done == ["imported"]  # the work finished, then the key counted
+    with ctrl_c_after():  # control: no key, nothing raised
+        done.append("no key")
+    assert done == ["imported", "no key"]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
 
 
