@@ -249,7 +249,8 @@ class LlamaContext:
                 trees[r] = _Tree.of(model, parents, self.settings)
                 n = max(trees[r].depth) + 1
             if model.length + n > self.max_length:
-                raise ValueError(f"{model.name}: {model.length + n} tokens exceed the context of {self.max_length}")
+                raise ValueError(f"{model.name}: {model.length + n} tokens exceed the context of {self.max_length} "
+                                 f"(raise n_ctx, --n-ctx)")
         if len({id(row.model) for row in rows}) != len(rows):
             raise ValueError("a pass holds each sequence at most once")
         # pieces: (row index, tokens, offset of the first token in the row); grouped into passes

@@ -50,6 +50,8 @@ class MethodWorker:
             kind, payload = self._conn.recv()
         except EOFError:
             raise RuntimeError(f"benchmark worker exited unexpectedly (code {self._proc.exitcode})") from None
+        if kind == "invalid":  # bad input (options, models, a context too small): one line, as in the parent
+            raise ValueError(payload)
         if kind == "error":
             raise RuntimeError(f"benchmark worker failed:\n{payload}")
         return payload
@@ -82,12 +84,18 @@ def _serve(conn, builder: Builder, kwargs: dict) -> None:
         built, info = builder(**kwargs)
         methods = {m.name: m for m in built}
         conn.send(("ok", ([(m.name, m.family, m.k) for m in built], info)))
-    except Exception:  # noqa: BLE001 - reported to the parent, which raises it
-        conn.send(("error", traceback.format_exc()))
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
+        conn.send(_failure(exc))
         return
     while (job := conn.recv()) is not None:
         name, ids, sampling, seed, max_new = job
         try:
             conn.send(("ok", methods[name].run(ids, sampling, seed, max_new)))
-        except Exception:  # noqa: BLE001
-            conn.send(("error", traceback.format_exc()))
+        except Exception as exc:  # noqa: BLE001
+            conn.send(_failure(exc))
+
+
+def _failure(exc: Exception) -> tuple[str, str]:
+    """A ValueError is bad input, said in one line (every layer raises these for it); anything else is a
+    defect, sent with its traceback."""
+    return ("invalid", str(exc)) if isinstance(exc, ValueError) else ("error", traceback.format_exc())

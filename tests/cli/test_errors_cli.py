@@ -317,3 +317,13 @@ def test_a_prompt_that_starts_with_a_dash_is_told_to_follow_dashes(capsys):
     rc, err = run(capsys, "generate", "--max-new-tokens", "3")  # control: no dashed word, no such advice
     line = one_line(err)
     assert rc == 2 and "required: prompt" in line and " -- " not in line, line
+
+
+def test_bad_input_met_in_a_bench_worker_is_one_line(capsys, tmp_path):
+    """The bench loads models in worker processes; a ValueError there (here the calibration text does not fit
+    a 32-token context) came back as a RuntimeError with two tracebacks, exit 1."""
+    small = save_pair(tmp_path / "models", seed=5, scale=0.4, noise=0.05, max_len=32)
+    capsys.readouterr()  # the save's progress bars
+    rc, err = run(capsys, "bench", "--quick", "--out", str(tmp_path / "r"), "--target", small[0], "--draft", small[1],
+                  "--dtype", "float32", "--methods", "plain")
+    assert rc == 2 and "tokens exceed the context of 32" in one_line(err)
