@@ -26,3 +26,13 @@ def require_integers(config: object, *names: str) -> None:
     for name in names:
         if integer(getattr(config, name)) is None:
             raise ValueError(f"{name} must be an integer, got {getattr(config, name)!r}")
+
+
+def check_utf8(text: str, what: str) -> None:
+    """A ValueError naming `what` if `text` holds a lone surrogate: invalid UTF-8 from argv (Python's
+    surrogateescape), which no tokenizer encodes and no generated text can match."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{what} is not valid UTF-8 (it holds {text[exc.start:exc.end]!r} at character "
+                         f"{exc.start}): give it as UTF-8 text") from None

@@ -194,7 +194,9 @@ def run_generate(args: argparse.Namespace) -> int:
                                            (f"--drafter {args.drafter}", args.drafter != "auto"),
                                            ("--draft-confidence", args.draft_confidence > 0),
                                            ("--draft-int8/--no-draft-int8", args.draft_int8 is not None),
-                                           ("--draft-vocab", args.draft_vocab is not None))
+                                           ("--draft-vocab", args.draft_vocab is not None),
+                                           ("--draft", args.draft is not None),
+                                           ("--recalibrate", args.recalibrate))
                   if given]
         if unused:
             raise ValueError(f"{unused[0]} has no effect with --no-spec (plain decoding drafts nothing): "

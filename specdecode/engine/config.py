@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdecode.checks import integer
+from specdecode.checks import check_utf8, integer
 from specdecode.core import VERIFY_RULES
 from specdecode.core.probs import SamplingParams
 
@@ -67,4 +67,6 @@ class GenerationConfig:
             raise TypeError(f"stop must be a string or a list of strings, got {type(self.stop).__name__}")
         if any(not isinstance(s, str) or not s for s in stop):
             raise ValueError("stop strings must be non-empty strings")
+        for i, s in enumerate(stop):
+            check_utf8(s, f"stop string {i}")
         object.__setattr__(self, "stop", tuple(stop))  # frozen: normalised once, here

@@ -11,7 +11,7 @@ from transformers import PreTrainedTokenizerBase
 
 from specdecode.backends.hf import resolve_device, resolve_dtype
 from specdecode.backends.protocol import Model
-from specdecode.checks import integer
+from specdecode.checks import check_utf8, integer
 from specdecode.core.probs import SamplingParams
 from specdecode.drafters import auto_drafters
 from specdecode.drafters.lookup import LookupDrafter
@@ -539,7 +539,7 @@ def _check_prompt(prompt) -> None:
     if isinstance(prompt, str):
         if not prompt:
             raise ValueError("the prompt is empty")
-        _check_text(prompt, "the prompt")
+        check_utf8(prompt, "the prompt")
         return
     if isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, (list, tuple)):
         raise TypeError(f"a prompt is text (str) or a list of chat messages, got {type(prompt).__name__}; for "
@@ -551,15 +551,7 @@ def _check_prompt(prompt) -> None:
                 or not isinstance(message.get("content"), str):
             raise TypeError(f"message {i} must be a dict with a string 'role' and a string 'content', "
                             f"got {message!r}"[:300])
-        _check_text(message["content"], f"message {i}'s content")
-
-
-def _check_text(text: str, what: str) -> None:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:  # a lone surrogate: from invalid UTF-8 in argv (surrogateescape)
-        raise ValueError(f"{what} is not valid UTF-8 (it holds {text[exc.start:exc.end]!r} at character "
-                         f"{exc.start}): give it as UTF-8 text") from None
+        check_utf8(message["content"], f"message {i}'s content")
 
 
 def _some_tokens(ids: list[int]) -> list[int]:
