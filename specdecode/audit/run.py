@@ -78,8 +78,9 @@ class AuditReport:
     seconds: float = 0.0
 
     @property
-    def passed(self) -> bool:
-        return all(c.passed for c in self.law_checks) and all(c.passed for c in self.greedy_checks)
+    def failed(self) -> bool:
+        """A check failed (an untested one fails nothing)."""
+        return not (all(c.passed for c in self.law_checks) and all(c.passed for c in self.greedy_checks))
 
     @property
     def control_detected(self) -> bool | None:
@@ -89,7 +90,7 @@ class AuditReport:
     def verdict(self) -> str:
         """"fail" if a check failed; "inconclusive" if none did but a law check had too few samples for a
         test, or the broken control rule went unseen too (see `advice` for why); "pass" otherwise."""
-        if not self.passed:
+        if self.failed:
             return "fail"
         untested = any(not c.tested for c in self.law_checks)
         return "inconclusive" if untested or self.control_detected is False else "pass"
@@ -113,7 +114,9 @@ class AuditReport:
 
     def to_dict(self) -> dict:
         law = [{**asdict(c), "passed": c.passed, "tested": c.tested} for c in self.law_checks]
-        return {"verdict": self.verdict, "passed": self.passed, "sampling": asdict(self.sampling),
+        # "passed" as a script reads it: the verdict pass (it was "no check failed", true when inconclusive)
+        return {"verdict": self.verdict, "passed": self.verdict == "pass", "failed": self.failed,
+                "sampling": asdict(self.sampling),
                 "config": asdict(self.config),
                 "law_checks": law, "greedy_checks": [asdict(c) for c in self.greedy_checks],
                 "control": None if self.control is None else {**asdict(self.control), "tested": self.control.tested,

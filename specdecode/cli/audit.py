@@ -23,8 +23,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chat", action="store_true", help="apply the chat template to the prompts")
     p.add_argument("--k", type=positive_int, default=None, help="fixed K >= 1 (default: adaptive)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature > 0 (default 1)")
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (default 1 = off)")
     p.add_argument("--samples", type=positive_int, default=None, help="rounds per law check (default 400; quick 200)")
     p.add_argument("--greedy-tokens", type=positive_int, default=None, help="tokens for greedy identity (default 64)")
     p.add_argument("--level", type=float, default=1e-3,
@@ -34,12 +34,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--verify", choices=list(VERIFY_RULES), default="token",
                    help="the verification rule to audit: token (default) or block")
     p.add_argument("--seed", type=seed_int, default=0, help="sampling seed, 0 to 2**63 - 1 (default 0)")
-    p.add_argument("--quick", action="store_true", help="one prompt, 200 samples, 32 greedy tokens")
+    p.add_argument("--quick", action="store_true",
+                   help="200 samples, 32 greedy tokens, and one prompt unless --prompt gives them")
     p.add_argument("--batched", action="store_true",
                    help="run the law checks batched: every pass of the audited sequence also carries two "
                         "neighbour sequences (their own prompts, drafts and randomness), as in the server "
                         "(the audited sequence then drafts K = 3 unless --k is given)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON document (verdict, advice, every check)")
     p.set_defaults(func=run_audit_cmd)
 
 
@@ -68,7 +69,8 @@ def run_audit_cmd(args: argparse.Namespace) -> int:
     rows = [[c.name, _result(c), _p(c.p_value), f"{c.level:.2g}", c.samples,
              f"{c.tv:.3f}", f"{c.tv_bound:.3f}", f"{c.seconds:.1f}"] for c in report.law_checks]
     batched = ", batched beside 2 sequences" if args.batched else ""
-    console.print(table(f"law checks ({sampling}, {args.verify} verification{batched})", ["check", "result", "p-value", "level", "samples", "TV",
+    settings = f"temperature {sampling.temperature:g}, top-k {sampling.top_k}, top-p {sampling.top_p:g}"
+    console.print(table(f"law checks ({settings}, {args.verify} verification{batched})", ["check", "result", "p-value", "level", "samples", "TV",
                                                      "TV bound", "s"], rows))
     console.print(table("greedy identity", ["check", "result", "tokens", "note", "s"],
                         [[c.name, "PASS" if c.passed else "FAIL", c.tokens, c.note, f"{c.seconds:.1f}"]
@@ -76,7 +78,7 @@ def run_audit_cmd(args: argparse.Namespace) -> int:
     c = report.control
     verdict = ("[green]detected[/] (the audit has power)" if report.control_detected else
                "[yellow]NOT detected[/]" if c.tested else "[yellow]untested[/] (too few samples for a test)")
-    console.print(f"negative control {c.name}: p-value {_p(c.p_value)} at level {c.level:.2g}: {verdict}")
+    console.print(f"{c.name}: p-value {_p(c.p_value)} at level {c.level:.2g}: {verdict}")
     overall = {"pass": "[green]PASS[/]", "fail": "[red]FAIL[/]",
                "inconclusive": f"[yellow]INCONCLUSIVE[/] (no check failed, but {report.advice})"}
     console.print(f"overall: {overall[report.verdict]}; false-failure "

@@ -38,7 +38,7 @@ def test_exact_engine_passes(pair, setting, drafter):
     drafters = {"model": [ModelDrafter(draft)], "lookup": [LookupDrafter()],
                 "auto": [LookupDrafter(), ModelDrafter(draft)]}[drafter]
     report = run_audit(target, drafters, PROMPTS, SETTINGS[setting], CONFIG, progress=False)
-    assert report.passed, report.to_dict()
+    assert not report.failed, report.to_dict()
     assert len(report.law_checks) == 4 and len(report.greedy_checks) == 2
     assert all(c.tv_bound > c.tv >= 0 for c in report.law_checks)
 
@@ -47,7 +47,7 @@ def test_fixed_k_passes_and_control_is_detected(pair):
     target, draft = pair
     report = run_audit(target, [ModelDrafter(draft)], PROMPTS, SETTINGS["t1"],
                        AuditConfig(samples=600, greedy_tokens=24, k=3), progress=False)
-    assert report.passed
+    assert not report.failed
     assert report.control_detected is True  # the audit has power against always-accept
 
 
@@ -55,7 +55,7 @@ def test_injected_bug_residual_from_p_fails(pair):
     target, draft = pair
     report = run_audit(target, [ModelDrafter(draft)], PROMPTS, SETTINGS["t1"], CONFIG, rule=residual_from_p,
                        progress=False)
-    assert not report.passed
+    assert report.failed
     assert any(not c.passed for c in report.law_checks)
 
 
@@ -77,7 +77,7 @@ class QBeforeTopP(ModelDrafter):
 def test_injected_bug_q_before_top_p_fails(pair):
     target, draft = pair
     report = run_audit(target, [QBeforeTopP(draft)], PROMPTS, SamplingParams(top_p=0.6), CONFIG, progress=False)
-    assert not report.passed
+    assert report.failed
 
 
 def test_bad_audit_input(pair):
@@ -122,10 +122,10 @@ def test_tree_drafter_passes_and_its_controls_are_detected(pair):
     drafters = [ModelDrafter(draft, tree=3, min_gain=0.0)]
     config = AuditConfig(samples=600, greedy_tokens=24, k=2)
     report = run_audit(target, drafters, PROMPTS, SETTINGS["t1"], config, progress=False)
-    assert report.passed, report.to_dict()
+    assert not report.failed, report.to_dict()
     assert report.control_detected is True
     broken = run_audit(target, drafters, PROMPTS, SETTINGS["t1"], config, rule=residual_from_p, progress=False)
-    assert not broken.passed and any(not c.passed for c in broken.law_checks)
+    assert broken.failed and any(not c.passed for c in broken.law_checks)
 
 
 def test_tv_bound_never_exceeds_one():

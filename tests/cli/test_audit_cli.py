@@ -42,5 +42,5 @@ def test_an_audit_that_cannot_see_its_control_is_inconclusive_not_a_pass(capsys,
     rc = main(["audit", "--target", model_dirs[0], "--draft", model_dirs[1], "--dtype", "float32", "--quick",
                "--prompt", "abcab", "--k", "3", "--samples", "20", "--greedy-tokens", "8", "--json"])
     doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert doc["control"]["detected"] is False and doc["passed"] is True
+    assert doc["control"]["detected"] is False and doc["failed"] is False and doc["passed"] is False
     assert rc == 3 and doc["verdict"] == "inconclusive" and "raise --samples" in doc["advice"]
