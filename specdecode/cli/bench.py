@@ -13,6 +13,8 @@ from specdecode.cli.generate import add_model_args, positive_int
 from specdecode.cli.output import console, emit_json
 from specdecode.core import VERIFY_RULES
 
+K_SWEEP_MAX = 64  # a pass of K + 1 tokens per round; `theory` takes K up to 64 too
+
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmark speculative decoding against plain decoding and HF",
@@ -129,8 +131,9 @@ def run_bench(args: argparse.Namespace) -> int:
     out = writable_directory(args.out)  # before the models load and hours of measuring, not after
     quick = args.quick
     k_sweep = args.k_sweep or ([2, 4] if quick else list(range(1, 9)))
-    if any(k < 1 for k in k_sweep):
-        raise ValueError("--k-sweep values must be >= 1")
+    bad = [k for k in k_sweep if not 1 <= k <= K_SWEEP_MAX]
+    if bad:
+        raise ValueError(f"--k-sweep values must be 1 to {K_SWEEP_MAX}, got {bad[0]}")
     config = BenchConfig(
         sets=tuple(args.sets) if args.sets else PROMPT_SETS,
         prompts_per_set=args.prompts_per_set or (1 if quick else None),

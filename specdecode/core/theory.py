@@ -147,8 +147,10 @@ def break_even_alpha(k: int, c: float, tol: float = 1e-12) -> float | None:
     if perfect == target:
         return 1.0  # only perfect drafts break even
     lo, hi = 0.0, 1.0
-    while hi - lo > tol:
+    while hi - lo > tol * hi:  # relative: at c = 1e12 the answer is ~1e-12, which an absolute 1e-12 missed
         mid = (lo + hi) / 2
+        if mid in (lo, hi):  # the floats between them are exhausted
+            break
         lo, hi = (mid, hi) if expected_tokens(mid, k) < target else (lo, mid)
     return (lo + hi) / 2
 
@@ -167,5 +169,7 @@ def _check_pair(p: torch.Tensor, q: torch.Tensor) -> None:
     if p.shape != q.shape:
         raise ValueError(f"p and q must have the same shape, got {tuple(p.shape)} and {tuple(q.shape)}")
     for name, d in (("p", p), ("q", q)):
-        if torch.isnan(d).any() or (d < 0).any() or abs(float(d.sum()) - 1) > 1e-6:
-            raise ValueError(f"{name} must be a probability vector (non-negative, sums to 1)")
+        bad = bool(torch.isnan(d).any() or (d < 0).any())
+        if bad or abs(float(d.sum()) - 1) > 1e-6:
+            found = "holds a negative or NaN entry" if bad else f"sums to {float(d.sum()):.6g}"
+            raise ValueError(f"{name} must be a probability vector (non-negative, sums to 1); it {found}")

@@ -139,7 +139,8 @@ class SpeculativeDecoder:
                 raise ValueError("--draft-int8/--draft-vocab apply to a transformers draft; on llama.cpp the "
                                  "draft runs its GGUF as it is (add --backend transformers)")
         elif threads or n_ctx:
-            raise ValueError("--threads/--n-ctx apply to the llama.cpp backend")
+            raise ValueError("--threads/--n-ctx apply to the llama.cpp backend (GGUF files): drop them, or give "
+                             "--backend llama.cpp with GGUF models")
         torch_dtype = resolve_dtype(dtype, device)
         if integer(max_batch) is None or max_batch < 0:
             raise ValueError(f"max_batch must be an integer >= 1 (0 = auto), got {max_batch!r}")

@@ -118,3 +118,10 @@ def test_break_even_when_drafts_never_pay():
     assert break_even_alpha(4, 0.5) is None  # K/c = 8 > K: even alpha = 1 cannot pay
     assert break_even_alpha(4, 1.0) == 1.0  # c = 1: only perfect drafts break even
     assert math.isclose(speedup(1.0, 0.5, 4), 5 * 0.5 / 4.5)
+
+
+def test_break_even_is_precise_for_a_nearly_free_draft():
+    """K = 1: E[N] = 1 + alpha = 1 + 1/c, so alpha = 1/c. The bisection stopped at an absolute 1e-12 and gave
+    1.36e-12 at c = 1e12; it now stops at a relative tolerance."""
+    assert math.isclose(break_even_alpha(1, 1e12), 1e-12, rel_tol=1e-3)
+    assert math.isclose(break_even_alpha(1, 3.0), 1 / 3, rel_tol=1e-9)
