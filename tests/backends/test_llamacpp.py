@@ -289,7 +289,10 @@ def test_ctrl_c_during_a_load_is_not_lost():
     import sys
     import time
 
-    child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT as a terminal leaves it: a background job of a non-interactive shell (a CI runner's, maybe)
+    # inherits it ignored, and Python keeps it so
+    child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert child.stdout.readline().strip() == "ready"
         time.sleep(1.0)  # inside a load, nearly all of the time
