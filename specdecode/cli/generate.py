@@ -195,7 +195,6 @@ def run_generate(args: argparse.Namespace) -> int:
                                            ("--draft-confidence", args.draft_confidence > 0),
                                            ("--draft-int8/--no-draft-int8", args.draft_int8 is not None),
                                            ("--draft-vocab", args.draft_vocab is not None),
-                                           ("--draft", args.draft is not None),
                                            ("--recalibrate", args.recalibrate))
                   if given]
         if unused:

@@ -212,7 +212,6 @@ def test_serve_flags_are_checked_before_loading(argv, message, capsys):
     (["--top-p", "0.5", "--temperature", "0"], "--top-p only applies when sampling"),
     (["--min-p", "0.1"], "--min-p only applies when sampling"),
     (["--reproducible"], "--reproducible only applies when sampling"),
-    (["--no-spec", "--draft", "/nonexistent"], "--draft has no effect with --no-spec"),
     (["--no-spec", "--recalibrate"], "--recalibrate has no effect with --no-spec"),
     (["--stop", "ok", "--stop", "\udcff"], "stop string 1 is not valid UTF-8"),  # $'\xff' in a shell's argv
 ])
