@@ -1,0 +1,58 @@
+#include "pool.h"
+
+#include <chrono>
+
+namespace sd {
+
+namespace {
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+}  // namespace
+
+Pool::Pool(int threads, int spin_us) : n_(threads < 1 ? 1 : threads), spin_us_(spin_us) {
+    for (int w = 1; w < n_; w++) threads_.emplace_back([this, w] { loop(w); });
+}
+
+Pool::~Pool() {
+    stop_.store(true);
+    generation_.fetch_add(1);
+    generation_.notify_all();
+    for (auto& t : threads_) t.join();
+}
+
+void Pool::dispatch() {
+    pending_.store(n_ - 1, std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_seq_cst);
+    if (sleeping_.load(std::memory_order_seq_cst) > 0) generation_.notify_all();
+    fn_(ctx_, 0, n_);
+    while (pending_.load(std::memory_order_acquire) > 0) cpu_relax();
+}
+
+void Pool::loop(int w) {
+    uint32_t seen = generation_.load();
+    for (;;) {
+        // wait for the next region: spin for spin_us, then sleep until dispatch() wakes us
+        auto start = std::chrono::steady_clock::now();
+        uint32_t now;
+        for (int i = 0;; i++) {
+            now = generation_.load(std::memory_order_acquire);
+            if (now != seen) break;
+            cpu_relax();
+            if ((i & 255) == 255 && std::chrono::steady_clock::now() - start > std::chrono::microseconds(spin_us_)) {
+                sleeping_.fetch_add(1, std::memory_order_seq_cst);
+                generation_.wait(seen, std::memory_order_seq_cst);  // returns at once if it moved on
+                sleeping_.fetch_sub(1, std::memory_order_seq_cst);
+                start = std::chrono::steady_clock::now();
+            }
+        }
+        seen = now;
+        if (stop_.load()) return;
+        fn_(ctx_, w, n_);
+        pending_.fetch_sub(1, std::memory_order_acq_rel);
+    }
+}
+
+}  // namespace sd
