@@ -35,6 +35,7 @@ SIGNATURES = {
     "sd_matrix_bytes": (I64, [P]),
     "sd_packable": (ctypes.c_int, [ctypes.c_int, I64]),
     "sd_matmul": (ctypes.c_int, [P, CHARS, P, P, ctypes.c_int, P]),
+    "sd_matmul_quantized": (ctypes.c_int, [P, CHARS, P, P, ctypes.c_int, P]),
     "sd_time_matmul": (ctypes.c_double, [P, CHARS, P, ctypes.c_int, P, ctypes.c_int, P, ctypes.c_int]),
     "sd_quantize": (ctypes.c_int, [CHARS, ctypes.c_int, P, I64, P]),
     "sd_dequantize": (ctypes.c_int, [ctypes.c_int, P, I64, P]),

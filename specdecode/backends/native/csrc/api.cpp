@@ -110,6 +110,29 @@ int sd_matmul(void* pool, const char* kernel, void* matrix, const float* x, int 
     });
 }
 
+// sd_matmul with the activations given already quantised (n rows of ActK or Act32 blocks, as the
+// matrix's type takes): the tests set them to exact integers to check every kernel's integer part.
+int sd_matmul_quantized(void* pool, const char* kernel, void* matrix, const void* acts, int n, float* y) {
+    return guard([&] {
+        bool reference;
+        const Kernels* k = kernels_by_name(kernel, &reference);
+        if (!k) throw std::invalid_argument(last_error);
+        Matrix* w = (Matrix*)matrix;
+        const int64_t per_row = w->cols() / block_weights(w->type());
+        Acts a;
+        a.reset(nullptr, n, w->cols(), w->cols());
+        if (is_k_quant(w->type())) {
+            a.k.assign((const ActK*)acts, (const ActK*)acts + n * per_row);
+            a.have_k = true;
+        } else {
+            a.q32.assign((const Act32*)acts, (const Act32*)acts + n * per_row);
+            a.have_32 = true;
+        }
+        GemmJob job{w, &a, y, w->rows()};
+        gemm(*(Pool*)pool, reference ? nullptr : k, &job, 1);
+    });
+}
+
 // Seconds per matmul (median of `reps` sweeps over the matrices in turn, each sweep timed as a
 // whole and divided by their number): what benchmarks/frontier.py reports per projection, with no
 // Python between the calls. x: n rows; y: room for n x the largest matrix's rows.
