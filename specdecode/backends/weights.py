@@ -20,6 +20,7 @@ import importlib.util
 import os
 import shutil
 import struct
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,7 +97,8 @@ def cache_error_hint(exc: OSError) -> str | None:
     return f"{source} is {str(path)!r}, which cannot be used; {CACHE_FIX}"
 
 
-BACKENDS = ("auto", "llama.cpp", "transformers")
+BACKENDS = ("auto", "native", "llama.cpp", "transformers")
+GGUF_BACKENDS = ("native", "llama.cpp")  # run a GGUF file as it is, on the CPU
 
 
 def is_gguf(ref: str | os.PathLike | None) -> bool:
@@ -105,28 +107,63 @@ def is_gguf(ref: str | os.PathLike | None) -> bool:
 
 
 def resolve_backend(backend: str, ref: str | os.PathLike | None, device: str) -> str:
-    """'auto': llama.cpp for GGUF on CPU (its quantised kernels are the fastest plain decoder
-    measured there), transformers for model directories and on CUDA."""
+    """'auto': for GGUF on CPU our native kernels (the fastest plain decoder measured there, and a pass
+    of several tokens costs little more than one), or llama.cpp's where this machine cannot run them
+    (said in one line on stderr); transformers for model directories and on CUDA."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     _check_not_empty(ref)
     if backend == "auto":
-        return "llama.cpp" if is_gguf(ref) and device == "cpu" else "transformers"
-    if backend == "llama.cpp":
+        if not (is_gguf(ref) and device == "cpu"):
+            return "transformers"
+        from specdecode.backends.native import unavailable
+
+        why = unavailable()
+        if why:
+            print(f"note: the native backend cannot run here ({why}); using llama.cpp", file=sys.stderr)
+            return "llama.cpp"
+        return "native"
+    if backend in GGUF_BACKENDS:
         if not is_gguf(ref):
-            raise ValueError(f"the llama.cpp backend runs GGUF files; {str(ref)!r} is not one "
+            raise ValueError(f"the {backend} backend runs GGUF files; {str(ref)!r} is not one "
                              f"(use --backend transformers for a model directory)")
         if device != "cpu":
-            raise ValueError("the llama.cpp backend runs on the CPU here; use --device cpu or --backend transformers")
+            raise ValueError(f"the {backend} backend runs on the CPU here; use --device cpu or --backend transformers")
+    if backend == "native":
+        from specdecode.backends.native import unavailable
+
+        why = unavailable()
+        if why:
+            raise ValueError(f"the native backend cannot run here: {why} (use --backend llama.cpp)")
     return backend
 
 
 def load_model(ref: str | os.PathLike | None, role: str, dtype: torch.dtype, device: str,
-               progress: bool = True, backend: str = "transformers", llama_settings=None):
+               progress: bool = True, backend: str = "transformers", llama_settings=None, native_settings=None):
     """Load `ref`: None/'embedded' (the default for `role`), a model directory, or a .gguf file,
     on `backend` (already resolved). Returns (model, tokenizer)."""
     _check_not_empty(ref, role)
     embedded = ref is None or str(ref) == "embedded"
+    if backend == "native":
+        from specdecode.backends.llamacpp import yield_torch_threads
+        from specdecode.backends.native import NativeModel, NativeSettings, NativeWeights
+        from specdecode.backends.native.gguf_layout import read_layout
+
+        yield_torch_threads()  # the pass is ours; torch only does per-token vocabulary math
+        path = ensure_gguf(EMBEDDED[role], progress=progress) if embedded else _existing_gguf(Path(ref))
+        name = f"{role}:{EMBEDDED[role].name}" if embedded else path.stem
+        settings = native_settings or NativeSettings()
+        read_layout(path, cache_dir() / "native")  # a damaged file is named before the tokenizer trips on it
+        tokenizer = gguf_tokenizer(path)
+        keep = None
+        if settings.head_tokens:  # a draft's cut head: the most frequent tokens and every special token
+            from specdecode.backends.cheap import frequent_tokens
+
+            specials = torch.tensor(sorted(set(tokenizer.all_special_ids)), dtype=torch.long)
+            keep = frequent_tokens(len(tokenizer), settings.head_tokens, specials).tolist()
+        weights = NativeWeights(path, settings, name, cache=cache_dir() / "native", keep_tokens=keep,
+                                progress=progress)
+        return NativeModel(weights), tokenizer
     if backend == "llama.cpp":
         from specdecode.backends.llamacpp import LlamaCppModel, LlamaSettings, LlamaWeights, yield_torch_threads
 

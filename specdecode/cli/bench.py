@@ -118,7 +118,7 @@ def select_methods(methods: list, prefixes: list[str] | None) -> list:
 
 def run_bench(args: argparse.Namespace) -> int:
     from specdecode.backends.hf import resolve_device
-    from specdecode.backends.weights import is_gguf, resolve_backend
+    from specdecode.backends.weights import GGUF_BACKENDS, is_gguf, resolve_backend
     from specdecode.bench.harness import PROMPT_SETS, BenchConfig, run_benchmark
     from specdecode.bench.methods import build_llamacpp_native, build_ours
     from specdecode.bench.report import markdown, plot, summarise
@@ -153,7 +153,7 @@ def run_bench(args: argparse.Namespace) -> int:
                                              if not on})
     # The parent only tokenises: every engine runs in its own process (their thread pools collide).
     helper = SpeculativeDecoder.load(args.target, drafter="lookup", backend=backend, dtype=args.dtype,
-                                     device=device, speculative=False, n_ctx=256 if backend == "llama.cpp" else 0,
+                                     device=device, speculative=False, n_ctx=256 if backend in GGUF_BACKENDS else 0,
                                      progress=True)
     encode = helper.encode
     curve_ids = encode(CALIBRATION_TEXT)
@@ -161,7 +161,7 @@ def run_bench(args: argparse.Namespace) -> int:
     del helper
     n_ctx = args.n_ctx or 4096
     workers = [MethodWorker(build_ours, target=args.target, draft=args.draft, backend=backend, dtype=args.dtype,
-                            device=device, threads=args.threads, n_ctx=n_ctx if backend == "llama.cpp" else 0,
+                            device=device, threads=args.threads, n_ctx=n_ctx if backend in GGUF_BACKENDS else 0,
                             k_sweep=k_sweep, with_hf=with_hf, curve_ids=curve_ids,
                             curve_max=max(16, max(k_sweep) + 2), verifications=tuple(dict.fromkeys(args.verify)),
                             trees=(args.tree,) if args.tree else ())]

@@ -87,13 +87,13 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="target: transformers model directory or .gguf file "
                                     "(default: embedded Qwen2.5-Coder-1.5B-Instruct)")
     p.add_argument("--draft", help="draft: directory or .gguf (default: embedded Qwen2.5-Coder-0.5B-Instruct)")
-    p.add_argument("--backend", default="auto", choices=["auto", "llama.cpp", "transformers"],
-                   help="auto (default): llama.cpp for GGUF files (the embedded pair) on CPU, transformers for "
-                        "model directories and on CUDA")
+    p.add_argument("--backend", default="auto", choices=["auto", "native", "llama.cpp", "transformers"],
+                   help="auto (default): native (our own kernels) for GGUF files (the embedded pair) on CPU, "
+                        "llama.cpp where the CPU lacks AVX2, transformers for model directories and on CUDA")
     p.add_argument("--threads", type=thread_count, default=0,
-                   help="llama.cpp threads (default 0 = the machine's cores)")
+                   help="native / llama.cpp threads (default 0 = the machine's cores)")
     p.add_argument("--n-ctx", type=non_negative_int, default=0,
-                   help="llama.cpp context size in tokens, up to the model's trained context (default 0 = the "
+                   help="native / llama.cpp context size in tokens, up to the model's trained context (default 0 = the "
                         "model's, at most 32768 shared by the batch's sequences)")
     p.add_argument("--recalibrate", action="store_true",
                    help="measure adaptive K's costs anew (they are cached per machine, model and backend)")

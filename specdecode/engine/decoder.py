@@ -98,8 +98,8 @@ class SpeculativeDecoder:
              tree: int = 0, progress: bool = True) -> "SpeculativeDecoder":
         """Load target and draft: None = the embedded pair; else a model directory or a .gguf file.
 
-        backend: "llama.cpp" (GGUF files, CPU), "transformers", or "auto" (llama.cpp for GGUF on
-        CPU, else transformers). Both models run on the target's backend: two engines' thread
+        backend: "native" (our kernels, GGUF files, CPU), "llama.cpp" (GGUF files, CPU), "transformers",
+        or "auto" (native for GGUF on CPU, llama.cpp where the CPU cannot run it, else transformers). Both models run on the target's backend: two engines' thread
         pools in one process slow each other down.
         drafter: "model" (draft model), "lookup" (prompt lookup, no draft model), "suffix" (the latest
         continuation in the request's text, else in earlier requests' texts, its length set by how often
@@ -125,26 +125,27 @@ class SpeculativeDecoder:
         directory, where they are kept per machine, model, backend and drafter.
         """
         from specdecode.backends.llamacpp import LlamaSettings
-        from specdecode.backends.weights import cache_dir, load_model, resolve_backend  # heavy: only when loading
+        from specdecode.backends.native import NativeSettings
+        from specdecode.backends.weights import GGUF_BACKENDS, cache_dir, load_model, resolve_backend  # heavy
 
         if drafter not in DRAFTER_CHOICES:
             raise ValueError(f"drafter must be one of {', '.join(DRAFTER_CHOICES)}, got {drafter!r}")
         device = resolve_device(device)
         backend = resolve_backend(backend, target, device)
-        if backend == "llama.cpp":
+        if backend in GGUF_BACKENDS:
             if dtype != "auto":
-                raise ValueError(f"--dtype {dtype} applies to the transformers backend; llama.cpp runs the GGUF's "
+                raise ValueError(f"--dtype {dtype} applies to the transformers backend; {backend} runs the GGUF's "
                                  f"own weights (add --backend transformers to choose a dtype)")
             if draft_int8 is not None or draft_vocab is not None:  # --no-draft-int8 too: it reads nothing
-                raise ValueError("--draft-int8/--draft-vocab apply to a transformers draft; on llama.cpp the "
-                                 "draft runs its GGUF as it is (add --backend transformers)")
+                raise ValueError(f"--draft-int8/--draft-vocab apply to a transformers draft; on {backend} the "
+                                 f"draft runs its GGUF as it is (add --backend transformers)")
         elif threads or n_ctx:
-            raise ValueError("--threads/--n-ctx apply to the llama.cpp backend (GGUF files): drop them, or give "
-                             "--backend llama.cpp with GGUF models")
+            raise ValueError("--threads/--n-ctx apply to the GGUF backends (native, llama.cpp): drop them, or give "
+                             "--backend native with GGUF models")
         torch_dtype = resolve_dtype(dtype, device)
         if integer(max_batch) is None or max_batch < 0:
             raise ValueError(f"max_batch must be an integer >= 1 (0 = auto), got {max_batch!r}")
-        max_batch = max_batch or (DEFAULT_MAX_BATCH if backend == "llama.cpp" else 1)
+        max_batch = max_batch or (DEFAULT_MAX_BATCH if backend in GGUF_BACKENDS else 1)
         if integer(tree) is None or not 0 <= tree <= MAX_TREE:
             raise ValueError(f"tree must be an integer in 0..{MAX_TREE} (extra draft-tree nodes per round), got {tree!r}")
         loads_draft = drafter in ("auto", "model")  # the drafters that run a draft model
@@ -162,8 +163,9 @@ class SpeculativeDecoder:
                              f"(prompt lookup copies one continuation), not {drafter}")
         settings = LlamaSettings(n_ctx=n_ctx, n_threads=threads, n_seq_max=max_batch,
                                  tree_leaves=tree + 1 if tree else 0)
+        native = NativeSettings(n_ctx=n_ctx, n_threads=threads)
         target_model, tokenizer = load_model(target, "target", torch_dtype, device, progress=progress,
-                                             backend=backend, llama_settings=settings)
+                                             backend=backend, llama_settings=settings, native_settings=native)
         drafters: list[Drafter] = []
         if speculative and drafter == "lookup":
             drafters.append(LookupDrafter())
@@ -171,8 +173,11 @@ class SpeculativeDecoder:
             drafters.append(SuffixDrafter(tree=tree))
         if speculative and loads_draft:
             draft_backend = resolve_backend(backend, draft, device)
+            # a native draft computes logits for the most frequent tokens only (q = 0 elsewhere: exact anyway)
+            draft_native = NativeSettings(n_ctx=n_ctx, n_threads=threads, head_tokens=DEFAULT_DRAFT_VOCAB)
             draft_model, draft_tokenizer = load_model(draft, "draft", torch_dtype, device, progress=progress,
-                                                      backend=draft_backend, llama_settings=settings)
+                                                      backend=draft_backend, llama_settings=settings,
+                                                      native_settings=draft_native)
             check_compatible(target_model, tokenizer, draft_model, draft_tokenizer)
             if draft_backend == "transformers":
                 make_cheaper(draft_model, tokenizer, device, draft_int8, draft_vocab)

@@ -63,7 +63,7 @@ def test_a_hand_written_header_alone_is_named_as_incomplete(tmp_path, cache):
         load(str(tmp_path / "trunc.gguf"))
 
 
-@pytest.mark.parametrize("backend", ["transformers", "llama.cpp"])
+@pytest.mark.parametrize("backend", ["transformers", "llama.cpp", "native"])
 def test_a_directory_named_gguf_is_a_directory(tmp_path, cache, backend):
     (tmp_path / "dir.gguf").mkdir()
     with pytest.raises(ValueError, match=r"'.*dir\.gguf' is a directory, not a GGUF file; pass the \.gguf file"):
@@ -83,7 +83,7 @@ def test_a_file_inside_a_model_directory_is_a_file(tmp_path):
         load(str(tmp_path / "target" / "config.json"))
 
 
-@pytest.mark.parametrize("backend", ["auto", "transformers", "llama.cpp"])
+@pytest.mark.parametrize("backend", ["auto", "transformers", "llama.cpp", "native"])
 def test_an_empty_path_is_empty(backend):
     with pytest.raises(ValueError, match=r"the model path is empty; pass a transformers model directory"):
         resolve_backend(backend, "", "cpu")
@@ -91,7 +91,7 @@ def test_an_empty_path_is_empty(backend):
         load("", "transformers" if backend == "auto" else backend)
 
 
-@pytest.mark.parametrize("backend", ["llama.cpp", "transformers"])
+@pytest.mark.parametrize("backend", ["llama.cpp", "transformers", "native"])
 def test_a_file_that_is_not_gguf_is_named_so(tmp_path, cache, backend):
     """Random bytes named .gguf: one line saying what the file is not, before llama.cpp logs its refusal
     and suggests another backend (which cannot read it either)."""

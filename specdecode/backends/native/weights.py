@@ -199,7 +199,8 @@ class NativeWeights:
         ids = None
         if keep_tokens is not None:
             ids = np.unique(np.asarray(keep_tokens, dtype=np.int32))
-            if ids.size == 0 or ids[0] < 0 or ids[-1] >= self.n_vocab:
+            ids = ids[ids < self.n_vocab]  # a tokenizer may name ids past the model's logits: never emitted
+            if ids.size == 0 or ids[0] < 0:
                 raise ValueError(f"the kept head tokens must be ids in [0, {self.n_vocab})")
         self._matrix(-1, "output", head, ids)
         lib_.check(self.lib.sd_model_check(self.ptr), f"{self.name}")

@@ -28,7 +28,12 @@ void Pool::dispatch() {
     generation_.fetch_add(1, std::memory_order_seq_cst);
     if (sleeping_.load(std::memory_order_seq_cst) > 0) generation_.notify_all();
     fn_(ctx_, 0, n_);
-    while (pending_.load(std::memory_order_acquire) > 0) cpu_relax();
+    // spin for the others; on a machine with other busy processes a worker may have lost its core,
+    // and yielding hands it back instead of burning this one's timeslice
+    for (int i = 1; pending_.load(std::memory_order_acquire) > 0; i++) {
+        cpu_relax();
+        if ((i & 1023) == 0) std::this_thread::yield();
+    }
 }
 
 void Pool::loop(int w) {
@@ -41,6 +46,7 @@ void Pool::loop(int w) {
             now = generation_.load(std::memory_order_acquire);
             if (now != seen) break;
             cpu_relax();
+            if ((i & 1023) == 1023) std::this_thread::yield();
             if ((i & 255) == 255 && std::chrono::steady_clock::now() - start > std::chrono::microseconds(spin_us_)) {
                 sleeping_.fetch_add(1, std::memory_order_seq_cst);
                 generation_.wait(seen, std::memory_order_seq_cst);  // returns at once if it moved on
