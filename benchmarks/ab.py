@@ -10,7 +10,7 @@ on one decoder and one llama.cpp target, and splits the decode time (after the f
   the same tokens cost in one-token rounds;
 - the rest: the engine's own bookkeeping per round (sampling, statistics, detokenising).
 
-    python benchmarks/ab.py --sets codegen codeedit chat --out benchmarks/results/ab
+    python benchmarks/ab.py --sets codegen codeedit chat --out benchmarks/results/ab-MACHINE-DATE
 """
 
 from __future__ import annotations

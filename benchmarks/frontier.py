@@ -7,10 +7,10 @@ and batch size) and the draft's one-token step, with every size timed in interle
 rows of B sequences sharing one context (a unified KV cache), each after `--batch-context`
 tokens, which is what flash attention changes most. Run it with nothing else on the machine:
 
-    python benchmarks/frontier.py --out benchmarks/results/frontier
+    python benchmarks/frontier.py --out benchmarks/results/frontier-MACHINE-DATE
 
 The PyTorch kernels' per-M table (bf16, int8/int4 weight-only, w8a8) comes from
-`shared/tools/matmul_by_m.py` and is quoted in the README beside this one.
+a standalone timing script and is quoted in docs/measurements-epyc.md beside this one.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def main() -> None:
     ap.add_argument("--sweeps", type=int, default=5)
     ap.add_argument("--batch-context", type=int, nargs="+", default=[200, 800],
                     help="context lengths per sequence for the batched curve")
-    ap.add_argument("--out", default="benchmarks/results/frontier")
+    ap.add_argument("--out", default="bench-out/frontier")
     args = ap.parse_args()
     cores = default_threads()
     target = LlamaWeights(ensure_gguf(TARGET, progress=False), "target")

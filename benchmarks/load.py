@@ -19,10 +19,11 @@ does not land on whichever server ran last. The prompts repeat across levels (bo
 a prompt cache), and every server is sent each prompt once before anything is timed, so no
 configuration pays a prefill the others were spared; --fresh makes every prompt new. The bound the
 cost curve allows (B one-token rows per pass / T(B tokens)) comes from the calibration file the
-server measured (`<cache>/calibration`, README).
+server measured (`<cache>/calibration`; docs/guide.md, "Calibration").
 
     python benchmarks/load.py --clients 1 2 4 8 --requests 2 --max-tokens 128 \
-        --configs one-at-a-time batched plain llama-server --llama-server PATH --out benchmarks/results/load
+        --configs one-at-a-time batched plain llama-server --llama-server PATH \
+        --out benchmarks/results/load-MACHINE-DATE
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ theorem.) Its speedup over plain decoding, sum of tokens * T(1) / sum of T(K + 1
 (the prefill is the same for all), bounds what adaptive K can reach with prompt lookup on this
 target, backend and machine.
 
-    python benchmarks/lookup_bound.py --prompts-per-set 8 --out benchmarks/results/lookup_bound
+    python benchmarks/lookup_bound.py --prompts-per-set 8 --out benchmarks/results/lookup-bound-MACHINE-DATE
 
 Beside the bound it replays adaptive K itself on the same outputs (`policy_replay`: the engine's
 loop, lookup drafter and policy, against a target that answers with the recorded greedy output,
@@ -188,7 +188,7 @@ def main() -> None:
     ap.add_argument("--sets", nargs="+", default=list(PROMPT_SETS))
     ap.add_argument("--prompts-per-set", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--out", default="benchmarks/results/lookup_bound")
+    ap.add_argument("--out", default="bench-out/lookup-bound")
     ap.add_argument("--save-outputs", metavar="FILE", help="keep the greedy outputs and the curve here")
     ap.add_argument("--replay", metavar="FILE", help="analyse outputs kept by --save-outputs (no model; --sets and "
                                                      "--prompts-per-set choose among them)")

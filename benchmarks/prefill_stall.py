@@ -7,7 +7,7 @@ prefill) it reports the longest pause between two rounds of the running streams,
 request's time to first token, and the wall time until every request has ended. One decoder
 (the embedded pair on llama.cpp, batch of 4); the piece sizes take turns, `--repeat` times.
 
-    python benchmarks/prefill_stall.py --out benchmarks/results/prefill_stall
+    python benchmarks/prefill_stall.py --out benchmarks/results/prefill-stall-MACHINE-DATE
 """
 
 from __future__ import annotations

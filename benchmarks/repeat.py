@@ -7,7 +7,7 @@ methods interleaved prompt by prompt, and reports decode tokens/s (after the fir
 of the second ask against plain decoding. Sampled asks use different seeds, so the second
 answer is a new sample, not a copy of the first (greedy asks repeat the same answer).
 
-    python benchmarks/repeat.py --prompts-per-set 3 --out benchmarks/results/repeat
+    python benchmarks/repeat.py --prompts-per-set 3 --out benchmarks/results/repeat-MACHINE-DATE
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def main() -> None:
     ap.add_argument("--prompts-per-set", type=int, default=3)
     ap.add_argument("--modes", nargs="+", default=["greedy", "sampled"])
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--out", default="benchmarks/results/repeat")
+    ap.add_argument("--out", default="bench-out/repeat")
     args = ap.parse_args()
 
     base = SpeculativeDecoder.load(drafter="lookup", progress=False)

@@ -4,7 +4,7 @@ The same prompts, seeds, fixed K and draft model, sampled at several temperature
 the default rule and once with `reproducible=True`; reports accepted drafts per drafted token
 and tokens per round for each. Both runs have the target's law; only the acceptance differs.
 
-    python benchmarks/reproducible.py --prompts-per-set 3 --out benchmarks/results/reproducible
+    python benchmarks/reproducible.py --prompts-per-set 3 --out benchmarks/results/reproducible-MACHINE-DATE
 """
 
 from __future__ import annotations

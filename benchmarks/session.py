@@ -9,7 +9,7 @@ all methods see identical prompts), the methods interleaved turn by turn, each w
 one shared llama.cpp target. Reported: decode tokens/s (after the first tokens) per turn and method,
 and each method against plain decoding over turns 2.. (geometric mean).
 
-    python benchmarks/session.py --out benchmarks/results/session
+    python benchmarks/session.py --out benchmarks/results/session-MACHINE-DATE
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=320)
     ap.add_argument("--tree", type=int, default=0,
                     help="also run the suffix drafter with trees of up to N branch nodes (its own target context)")
-    ap.add_argument("--out", default="benchmarks/results/session")
+    ap.add_argument("--out", default="bench-out/session")
     args = ap.parse_args()
 
     base = SpeculativeDecoder.load(drafter="auto", progress=False)  # lookup, then the draft model

@@ -159,7 +159,7 @@ class HFModel:
 
     def sibling(self) -> "HFModel":
         """Another sequence over the same weights (its own cache; passes are not shared: each
-        sequence of a batch runs its own forward, see the README on batching)."""
+        sequence of a batch runs its own forward: docs/guide.md, "Max batch")."""
         return HFModel(self.model, self.name)
 
 

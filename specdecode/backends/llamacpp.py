@@ -62,7 +62,7 @@ def amx_build(ll) -> bool:
     with AMX). llama-cpp-python 0.3.36's AMX path crashed the process (a segfault in libggml-cpu at the
     first pass) on a 2-core Xeon VM with AMX, so weights then load without llama.cpp's extra buffer
     types. That costs nothing there: with AMX present, the Q4_K weights were not repacked anyway (only
-    the AMX buffer takes tensors; README, "A second machine")."""
+    the AMX buffer takes tensors; docs/measurements-xeon.md)."""
     return b"AMX_INT8 = 1" in ll.llama_print_system_info()
 
 
@@ -103,19 +103,19 @@ class LlamaSettings:
     front, f16 ~28 KB a token for the 1.5B target). n_seq_max sequences share one context and
     run in one pass (batching). The KV cache is unified (one pool of n_seq_max * n_ctx cells):
     with a cache split per sequence, llama.cpp runs a separate ubatch per sequence, and 4
-    one-token rows cost 3.6 single steps instead of 1.9 (measured, README). Each sequence is held
+    one-token rows cost 3.6 single steps instead of 1.9 (docs/guide.md, "Max batch"). Each sequence is held
     to n_ctx tokens by the engine, so the pool never runs out. The price is that attention
     spans the cells of all sequences: without flash attention every token's scores are computed
     over all of them (4 sequences of 200-800 tokens: 15-30% of a pass), while the CPU's flash
     attention skips the cells its mask hides. Hence flash attention on, as llama.cpp's own
-    server does by default (measured, README).
+    server does by default (docs/measurements-epyc.md, "The cost curve").
     """
 
     n_ctx: int = 0
     max_ctx: int = 32768
     n_batch: int = 512  # tokens per llama_decode call (the prompt is fed in pieces of this size)
     n_threads: int = 0  # 0 = default_threads()
-    flash_attn: bool = True  # as fast alone, 10-25% faster with several sequences (README)
+    flash_attn: bool = True  # as fast alone, up to 20% faster with several sequences (docs/guide.md)
     n_seq_max: int = 1
     tree_leaves: int = 8  # scratch sequence ids per sequence: the most leaves a draft tree may have
 

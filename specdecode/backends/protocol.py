@@ -7,7 +7,7 @@ them; `truncate` rolls the cache back (rejected drafts) and must be cheap.
 Several sequences at once (batching): `sibling()` gives another sequence over the
 same weights with its own cache; `forward_batch` runs one round's rows of several
 sequences, in one pass where the backend can (llama.cpp: siblings share a context
-and a `llama_decode`), else one pass per row (transformers: see the README).
+and a `llama_decode`), else one pass per row (transformers: docs/guide.md, "Max batch").
 
 A prompt cache (engine/prompt_cache.py): `snapshot` copies the cache's K/V out, `restore` puts such
 a copy back (into this sequence or a sibling), so a prompt computed once need not be computed again.

@@ -28,9 +28,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--samples", type=positive_int, default=None, help="rounds per law check (default 400; quick 200)")
     p.add_argument("--greedy-tokens", type=positive_int, default=None, help="tokens for greedy identity (default 64)")
     p.add_argument("--level", type=float, default=1e-3,
-                   help="overall false-failure probability of the statistical checks (default 1e-3)")
+                   help="overall false-failure probability of the statistical checks (default %(default)g)")
     p.add_argument("--control", default="always-accept", choices=["always-accept", "residual-from-p"],
-                   help="the broken rule used as negative control")
+                   help="the broken rule used as negative control (default always-accept)")
     p.add_argument("--verify", choices=list(VERIFY_RULES), default="token",
                    help="the verification rule to audit: token (default) or block")
     p.add_argument("--seed", type=seed_int, default=0, help="sampling seed, 0 to 2**63 - 1 (default 0)")

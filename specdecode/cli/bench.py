@@ -24,12 +24,17 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     p.add_argument("--quick", action="store_true",
                    help="one prompt per set, greedy, K in {2, 4}, 1 repetition, 32 tokens (a few minutes)")
-    p.add_argument("--sets", nargs="+", default=None, help="prompt sets (codegen codeedit chat)")
-    p.add_argument("--prompts-per-set", type=positive_int, default=None, help="use the first N prompts of each set")
-    p.add_argument("--modes", nargs="+", default=None, help="greedy and/or sampled (temperature 0.7)")
-    p.add_argument("--k-sweep", type=positive_int, nargs="+", default=None, help="fixed K values (default 1..8)")
-    p.add_argument("--reps", type=positive_int, default=None, help="timed repetitions per cell (default 3)")
-    p.add_argument("--max-new-tokens", type=positive_int, default=None, help="tokens per generation (default 128)")
+    p.add_argument("--sets", nargs="+", default=None, help="prompt sets (default: all three, codegen codeedit chat)")
+    p.add_argument("--prompts-per-set", type=positive_int, default=None,
+                   help="use the first N prompts of each set (default: all; 1 with --quick)")
+    p.add_argument("--modes", nargs="+", default=None,
+                   help="greedy and/or sampled at temperature 0.7 (default: both; greedy with --quick)")
+    p.add_argument("--k-sweep", type=positive_int, nargs="+", default=None,
+                   help="fixed K values (default 1..8; 2 4 with --quick)")
+    p.add_argument("--reps", type=positive_int, default=None,
+                   help="timed repetitions per cell (default 3; 1 with --quick)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=None,
+                   help="tokens per generation (default 128; 32 with --quick)")
     p.add_argument("--hf", action=argparse.BooleanOptionalAction, default=None,
                    help="include Hugging Face generate() (plain, assisted, prompt lookup); default: on for the "
                         "transformers backend, off for llama.cpp (it needs the float32 conversion)")
@@ -41,7 +46,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "adds the adaptive methods again, named '<method> (<rule>)' (default: token)")
     p.add_argument("--methods", nargs="+", default=None, metavar="PREFIX",
                    help="run only the methods whose names start with one of these (e.g. auto lookup llama.cpp; "
-                        "our plain decoding always runs: it is the baseline)")
+                        "our plain decoding always runs: it is the baseline; default: every method)")
     p.add_argument("--out", default="bench-out", help="output directory (default bench-out/)")
     p.set_defaults(func=run_bench)
 

@@ -98,8 +98,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recalibrate", action="store_true",
                    help="measure adaptive K's costs anew (they are cached per machine, model and backend)")
     p.add_argument("--dtype", default="auto",
-                   help="transformers backend: auto (= bfloat16), float32, bfloat16, float16, float64")
-    p.add_argument("--device", default="auto", help="auto (CUDA if available, else cpu), cpu, cuda, cuda:N")
+                   help="transformers backend: auto (default: bfloat16), float32, bfloat16, float16, float64")
+    p.add_argument("--device", default="auto", help="auto (default: CUDA if available, else cpu), cpu, cuda, cuda:N")
     p.add_argument("--drafter", default="auto", choices=list(DRAFTER_CHOICES),
                    help="auto: prompt lookup when it finds a match, else the draft model (default); "
                         "model: draft model only; lookup: prompt lookup only (no draft model loaded); "
@@ -107,9 +107,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "drafted as far as the counts make it likely (no draft model loaded; the server "
                         "keeps its history across requests)")
     p.add_argument("--draft-int8", action=argparse.BooleanOptionalAction, default=None,
-                   help="int8 weights for the draft (default: on for CPU; exactness is unaffected)")
+                   help="transformers backend: int8 weights for the draft (default: on for CPU, off on CUDA; "
+                        "exactness is unaffected)")
     p.add_argument("--draft-vocab", type=non_negative_int, default=None,
-                   help="restrict the draft's output head to the N most frequent tokens (0 = full)")
+                   help="transformers backend: restrict the draft's output head to the N most frequent tokens "
+                        "(default: 32768 on CPU, 0 = the full vocabulary on CUDA)")
     p.add_argument("--draft-confidence", type=fraction_below_one, default=0.0,
                    help="end a draft early when the draft's top probability is below this (default 0 = off)")
     p.add_argument("--tree", type=non_negative_int, default=0,
@@ -128,7 +130,7 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p * max prob (default 0)")
     p.add_argument("--seed", type=seed_int, default=0, help="sampling seed, 0 to 2**63 - 1 (default 0)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable; default: none)")
     p.add_argument("--verify", choices=list(VERIFY_RULES), default="token",
                    help="the exact verification rule: token (token by token, default) or block (the draft "
                         "judged as a whole, Sun et al. 2025: never fewer tokens per round; same output law). "

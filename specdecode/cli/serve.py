@@ -29,7 +29,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=port_number, default=8000, help="port (default 8000)")
-    p.add_argument("--queue-size", type=positive_int, default=16, help="requests allowed to wait (then 429)")
+    p.add_argument("--queue-size", type=positive_int, default=16,
+                   help="requests allowed to wait for a slot, then 429 (default 16)")
     p.add_argument("--max-batch", type=batch_size, default=0,
                    help="requests decoded at once, continuous batching: one target pass per round for all "
                         "(default 0 = auto: 4 on llama.cpp, 1 on transformers; on llama.cpp each sequence's "
@@ -45,7 +46,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "long prompts)")
     p.add_argument("--model-id", type=model_name, default=None, help="the model name clients send (default: the target's)")
     p.add_argument("--max-body-bytes", type=positive_int, default=4 * 2 ** 20,
-                   help="largest request body accepted (then 413; default 4 MiB)")
+                   help="largest request body in bytes, then 413 (default 4194304 = 4 MiB)")
     p.add_argument("--drain-seconds", type=seconds, default=10,
                    help="on SIGTERM/SIGINT, how long queued and running requests may finish before they end "
                         "with a 503 (default 10; a second signal ends them at once)")

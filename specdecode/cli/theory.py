@@ -22,9 +22,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--alpha", type=float, nargs="+", default=None,
                    help="acceptance rate(s) in [0, 1] (default: 0.5 .. 0.9; not with --p/--q, which give alpha)")
     p.add_argument("--c", type=positive_finite, default=10.0, help="c = T_target / T_draft (default 10)")
-    p.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6, 7, 8], help="draft lengths K, 1..64")
-    p.add_argument("--p", type=_floats, help="target distribution, e.g. 0.7,0.3 (with --q: alpha from the pair)")
-    p.add_argument("--q", type=_floats, help="draft distribution, e.g. 0.4,0.6")
+    p.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6, 7, 8],
+                   help="draft lengths K, 1..64 (default 1 2 3 4 5 6 7 8)")
+    p.add_argument("--p", type=_floats,
+                   help="target distribution, e.g. 0.7,0.3 (with --q: alpha from the pair; default: none)")
+    p.add_argument("--q", type=_floats, help="draft distribution, e.g. 0.4,0.6 (default: none)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
     p.set_defaults(func=run_theory)
 
@@ -33,16 +35,18 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--vocab", type=int, default=100, help="vocabulary size, 2..262144 (default 100)")
     s.add_argument("--k", type=int, default=4, help="draft length K, 1..64 (default 4)")
     s.add_argument("--rounds", type=int, default=10_000, help="number of rounds (default 10000)")
-    s.add_argument("--closeness", type=float, default=0.8, help="0 = independent q, 1 = q equals p")
-    s.add_argument("--seed", type=seed_int, default=0)
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--closeness", type=float, default=0.8,
+                   help="how close the random q is to p: 0 = independent, 1 = equal (default 0.8)")
+    s.add_argument("--seed", type=seed_int, default=0,
+                   help="seed of the random pair and rounds, 0 to 2**63 - 1 (default 0)")
+    s.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
     s.set_defaults(func=run_simulate)
 
     r = sub.add_parser("rand7", help="rand7 from rand5 by rejection sampling, with measured call counts",
                        description="The classic analogy: rejection sampling with and without recycling.")
     r.add_argument("--n", type=int, default=100_000, help="number of rand7 draws (default 100000)")
-    r.add_argument("--seed", type=seed_int, default=0)
-    r.add_argument("--json", action="store_true")
+    r.add_argument("--seed", type=seed_int, default=0, help="seed of the rand5 source, 0 to 2**63 - 1 (default 0)")
+    r.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
     r.set_defaults(func=run_rand7)
 
 
