@@ -187,7 +187,7 @@ void* sd_model_new(void* pool, const char* kernel, int n_layer, int n_embd, int 
         const Kernels* k = kernels_by_name(kernel, &reference);
         if (!k) throw std::invalid_argument(last_error);
         if (n_layer < 1 || n_embd < 1 || n_head < 1 || n_kv < 1 || n_head % n_kv || n_embd % n_head ||
-            (n_embd / n_head) % 16 || (n_embd / n_head) > 256 || n_ff < 1 || vocab < 1)
+            (n_embd / n_head) % 64 || (n_embd / n_head) > 256 || n_ff < 1 || vocab < 1)
             throw std::invalid_argument("unsupported model shape");
         auto* m = new Model();
         m->hp = Hparams{n_layer, n_embd, n_head, n_kv, n_ff, vocab, eps, rope_base};

@@ -41,11 +41,11 @@ void pack_q6k(const BlockQ6K* rows[TILE], TileQ6K& t) {
             for (int p = 0; p < 4; p++)
                 for (int i = 0; i < 4; i++) {
                     int lo = q6k_value(b, 32 * s + 4 * p + i), hi = q6k_value(b, 32 * s + 16 + 4 * p + i);
-                    t.ql[s][p][4 * r + i] = (uint8_t)((lo & 0xF) | (hi & 0xF) << 4);
+                    t.pair[s].ql[p][4 * r + i] = (uint8_t)((lo & 0xF) | (hi & 0xF) << 4);
                 }
             for (int g = 0; g < 8; g++)
                 for (int i = 0; i < 4; i++)
-                    t.qh[s][g / 4][4 * r + i] |= (uint8_t)((q6k_value(b, 32 * s + 4 * g + i) >> 4) << (2 * (g % 4)));
+                    t.pair[s].qh[g / 4][4 * r + i] |= (uint8_t)((q6k_value(b, 32 * s + 4 * g + i) >> 4) << (2 * (g % 4)));
         }
     }
 }

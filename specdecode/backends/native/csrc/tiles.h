@@ -27,9 +27,10 @@ struct TileQ6K {            // 16 rows x 256 inputs; 3392 bytes (GGUF: 3360)
     uint16_t d[TILE];
     int8_t sc[16][TILE];          // sub-block j (16 inputs), per row
     uint8_t pad[32];              // the vectors below start on a cache line
-    uint8_t ql[8][4][64];         // sub-block pair s, vector p: low 4 bits of input 32s+4p+i (low nibble)
-                                  // and of input 32s+16+4p+i (high nibble)
-    uint8_t qh[8][2][64];         // pair s, vector h: bits 2t, 2t+1 = high 2 bits of group 4h+t of the pair
+    struct {                      // sub-block pair s (inputs 32s .. 32s+31), its vectors side by side: one stream
+        uint8_t ql[4][64];        // vector p: low 4 bits of input 32s+4p+i (low nibble), of 32s+16+4p+i (high)
+        uint8_t qh[2][64];        // vector h: bits 2t, 2t+1 = high 2 bits of group 4h+t of the pair
+    } pair[8];
 };
 struct TileQ5_0 {           // 16 rows x 32 inputs; 352 bytes (GGUF: 352)
     uint16_t d[TILE];
