@@ -24,9 +24,10 @@ class PackedMatrix:
         self.data = np.ascontiguousarray(data)
         self.ids = None if ids is None else np.ascontiguousarray(ids, dtype=np.int32)
         self.rows = len(self.ids) if self.ids is not None else self.data.shape[0]
-        self.ptr = lib_.check(self.lib.sd_matrix_new(pool.ptr, kind, self.data.shape[0], cols, self.data.ctypes.data,
-                                                     None if self.ids is None else self.ids.ctypes.data,
-                                                     0 if self.ids is None else self.ids.size), "repacking")
+        with pool.lock:
+            self.ptr = lib_.check(self.lib.sd_matrix_new(pool.ptr, kind, self.data.shape[0], cols, self.data.ctypes.data,
+                                                         None if self.ids is None else self.ids.ctypes.data,
+                                                         0 if self.ids is None else self.ids.size), "repacking")
 
     def __del__(self) -> None:
         if getattr(self, "ptr", None):
@@ -42,16 +43,19 @@ class PackedMatrix:
         """y[r, i] = row i . x[r] (x quantised as the matrix's type needs), on `kernel`'s path."""
         x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, self.cols)
         y = np.zeros((x.shape[0], self.rows), dtype=np.float32)
-        lib_.check(self.lib.sd_matmul(self.pool.ptr, kernel.encode(), self.ptr, x.ctypes.data, x.shape[0],
-                                      y.ctypes.data), "matmul")
+        with self.pool.lock:
+            rc = self.lib.sd_matmul(self.pool.ptr, kernel.encode(), self.ptr, x.ctypes.data, x.shape[0], y.ctypes.data)
+        lib_.check(rc, "matmul")
         return y
 
     def apply_quantized(self, acts: np.ndarray, n: int, kernel: str = "auto") -> np.ndarray:
         """`apply` with activations already quantised (`quantize_activations`' bytes, n rows)."""
         y = np.zeros((n, self.rows), dtype=np.float32)
         acts = np.ascontiguousarray(acts)
-        lib_.check(self.lib.sd_matmul_quantized(self.pool.ptr, kernel.encode(), self.ptr, acts.ctypes.data, n,
-                                                y.ctypes.data), "matmul")
+        with self.pool.lock:
+            rc = self.lib.sd_matmul_quantized(self.pool.ptr, kernel.encode(), self.ptr, acts.ctypes.data, n,
+                                              y.ctypes.data)
+        lib_.check(rc, "matmul")
         return y
 
 
@@ -87,8 +91,9 @@ def time_matmul(matrices: Sequence[PackedMatrix], n: int, kernel: str = "auto", 
     x = np.random.default_rng(seed).standard_normal((n, first.cols)).astype(np.float32)
     y = np.zeros((n, max(m.rows for m in matrices)), dtype=np.float32)
     handles = (ctypes.c_void_p * len(matrices))(*[m.ptr for m in matrices])
-    seconds = first.lib.sd_time_matmul(first.pool.ptr, kernel.encode(), handles, len(matrices), x.ctypes.data, n,
-                                       y.ctypes.data, reps)
+    with first.pool.lock:
+        seconds = first.lib.sd_time_matmul(first.pool.ptr, kernel.encode(), handles, len(matrices), x.ctypes.data, n,
+                                           y.ctypes.data, reps)
     if seconds < 0:
         lib_.check(-1, "timing")
     return float(seconds)

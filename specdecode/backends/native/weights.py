@@ -82,6 +82,7 @@ class Pool:
         self.lib = lib_.library()
         self.threads = threads
         self.ptr = lib_.check(self.lib.sd_pool_new(threads), "starting the kernels' threads")
+        self.lock = threading.Lock()  # one parallel region at a time: a pass of whichever model holds it
 
     def __del__(self) -> None:
         if getattr(self, "ptr", None):
@@ -129,7 +130,6 @@ class NativeWeights:
         self.ptr = lib_.check(lib.sd_model_new(self.pool.ptr, settings.kernel.encode(), self.n_layer, self.n_embd,
                                                self.n_head, self.n_kv, self.n_ff, self.n_vocab, eps, rope_base),
                               f"{self.name}: the native backend cannot run this model")
-        self._lock = threading.Lock()  # one pass at a time: the pool and the pass buffers are shared
         t0 = time.perf_counter()
         with ctrl_c_after():  # a Ctrl-C mid-repack lands once the C calls return
             self._load(keep_tokens, progress)
@@ -173,9 +173,10 @@ class NativeWeights:
                              f"{', '.join(MATRIX_TYPES.values())} matrices (use the llama.cpp backend)")
         data = self._data(tensor)
         cols, rows = tensor.shape
-        ptr = lib_.check(self.lib.sd_matrix_new(self.pool.ptr, tensor.type, rows, cols, data.ctypes.data,
-                                                None if ids is None else ids.ctypes.data,
-                                                0 if ids is None else ids.size), f"{self.name}: repacking {name}")
+        with self.pool.lock:  # repacking runs on the pool's threads
+            ptr = lib_.check(self.lib.sd_matrix_new(self.pool.ptr, tensor.type, rows, cols, data.ctypes.data,
+                                                    None if ids is None else ids.ctypes.data,
+                                                    0 if ids is None else ids.size), f"{self.name}: repacking {name}")
         if self.lib.sd_model_set_matrix(self.ptr, layer, slot.encode(), ptr) != 0:
             self.lib.sd_matrix_free(ptr)
             lib_.check(-1, f"{self.name}: {name}")
@@ -225,7 +226,7 @@ class NativeWeights:
         want = np.array(n_logits, dtype=np.int32)
         logits = torch.empty((int(want.sum()), self.n_vocab), dtype=torch.float32)
         handles = (ctypes.c_void_p * n)(*seqs)
-        with self._lock:
+        with self.pool.lock:  # the pool is shared with the process's other models (a draft, siblings)
             rc = self.lib.sd_forward(self.ptr, n, handles, counts.ctypes.data, flat.ctypes.data, tree.ctypes.data,
                                      par.ctypes.data, want.ctypes.data, logits.data_ptr())
         lib_.check(rc, f"{self.name}: forward pass")
