@@ -244,8 +244,8 @@ int sd_model_set_matrix(void* model, int layer, const char* which, void* matrix)
             else if (!std::strcmp(which, "down")) { slot = &L.down; rows = E; cols = F; }
         }
         if (!slot) throw std::invalid_argument(std::string("no matrix ") + which + " in layer " + std::to_string(layer));
-        const int64_t have_rows = w->ids.empty() ? w->rows() : rows;  // a cut head holds a subset of rows
-        if (w->cols() != cols || (w->ids.empty() && have_rows != rows) || (!w->ids.empty() && layer != -1))
+        // a cut head (ids: a subset of the vocabulary) is the output's only matrix that holds fewer rows
+        if (w->cols() != cols || (w->ids.empty() ? w->rows() != rows : layer != -1))
             throw std::invalid_argument(std::string(which) + " has shape " + std::to_string(w->rows()) + " x " +
                                         std::to_string(w->cols()) + ", the model needs " + std::to_string(rows) +
                                         " x " + std::to_string(cols));
