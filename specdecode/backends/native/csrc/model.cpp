@@ -168,7 +168,7 @@ void forward(Model& m, Row* rows, int n_rows, float* logits) {
                     depth[j] = depth[p] + 1;
                     std::memcpy(vj, visible[r].data() + (size_t)p * words, words * 4);
                 }
-                vj[j / 32] |= 1 << (j % 32);
+                vj[j / 32] |= (int32_t)(1u << (j % 32));
             }
         }
         for (int j = 0; j < row.n; j++, ti++) {
