@@ -99,9 +99,9 @@ def generate(pair: ToyPair, ctx: tuple[int, ...], max_tokens: int, params: Sampl
 
 def fake_app(law: str = "exact", logprobs: str | None = "processed", refuse: frozenset[str] = frozenset(),
              api_key: str | None = None, delay: float = 0.0, busy: int = 0, html: bool = False,
-             stop_after: int | None = None, seed: int = 7) -> FastAPI:
+             stop_after: int | None = None, seed: int = 7, owner: str = "fake") -> FastAPI:
     """The app; `logprobs`: "processed" (the law it samples), "raw" (before temperature and truncation,
-    as vLLM reports by default) or None (refused, as our server does)."""
+    as vLLM reports by default) or None (refused, as our server does); owner "specdecode" passes for ours."""
     assert law in LAWS
     app = FastAPI()
     pair = ToyPair(seed)
@@ -129,7 +129,7 @@ def fake_app(law: str = "exact", logprobs: str | None = "processed", refuse: fro
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": "toy", "object": "model"}]}
+        return {"object": "list", "data": [{"id": "toy", "object": "model", "owned_by": owner}]}
 
     async def complete(request: Request, chat: bool):
         body = await request.json()
@@ -209,6 +209,7 @@ class Served:
     """An app on a free loopback port, served by uvicorn in a thread, as a context manager."""
 
     def __init__(self, app) -> None:
+        self.app = app
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error",

@@ -13,6 +13,7 @@ import asyncio
 import email.utils
 import json
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -214,10 +215,15 @@ def _unreachable(url: str, exc: httpx.TransportError) -> str:
 
 def _reason(exc: httpx.TransportError) -> str:
     if isinstance(exc, httpx.ConnectError):
-        text = str(exc)
-        if "refused" in text.lower():
-            return "connection refused"
-        return text.split("] ")[-1] if text else "cannot connect"
+        cause: BaseException | None = exc
+        while cause is not None:  # httpx says "All connection attempts failed"; the OS error below says why
+            if isinstance(cause, OSError) and (cause.errno or cause.strerror):
+                return (os.strerror(cause.errno) if cause.errno else cause.strerror).lower()
+            if isinstance(cause, ExceptionGroup) and cause.exceptions:
+                cause = cause.exceptions[0]
+                continue
+            cause = cause.__cause__ or cause.__context__
+        return str(exc) or "cannot connect"
     if isinstance(exc, httpx.RemoteProtocolError):
         return "it closed the connection without an HTTP answer"
     if isinstance(exc, (httpx.ReadError, httpx.WriteError)):

@@ -85,7 +85,8 @@ class Group:
 
     @property
     def label(self) -> str:
-        what = f"max_tokens {self.max_tokens}" + (", stop" if self.boundary and self.prompt.stop else "")
+        what = f"max {self.max_tokens}" + (f", stop {' '.join(map(repr, self.prompt.stop))}"
+                                          if self.boundary and self.prompt.stop else "")
         return f"{self.prompt.name} | {self.setting.label} | {what}"
 
 
@@ -122,14 +123,14 @@ def parse_setting(text: str) -> Setting:
         key, eq, value = part.partition("=")
         key = key.strip().replace("-", "_")
         if not eq or key not in ("temperature", "top_p", "top_k", "min_p"):
-            raise ValueError(f"--setting {text!r}: give key=value pairs of temperature, top_p, top_k, min_p "
+            raise ValueError(f"{text!r}: give key=value pairs of temperature, top_p, top_k, min_p "
                              f"(such as temperature=0.7,top_p=0.9)")
         try:
             fields[key] = int(value) if key == "top_k" else float(value)
         except ValueError:
-            raise ValueError(f"--setting {text!r}: {key} must be a number, got {value!r}") from None
+            raise ValueError(f"{text!r}: {key} must be a number, got {value!r}") from None
     if "temperature" not in fields:
-        raise ValueError(f"--setting {text!r}: give a temperature > 0 (greedy is checked apart)")
+        raise ValueError(f"{text!r}: give a temperature > 0 (greedy is checked apart)")
     return Setting(**fields)
 
 
