@@ -29,7 +29,7 @@ from collections import Counter
 import torch
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 
 from specdecode.audit.controls import always_accept
 from specdecode.core.probs import SamplingParams, logits_to_probs, sample
@@ -62,9 +62,10 @@ class ToyPair:
 
 
 def generate(pair: ToyPair, ctx: tuple[int, ...], max_tokens: int, params: SamplingParams, stop: list[str],
-             speculative: bool, law: str, generator: torch.Generator) -> tuple[list[int], str]:
+             speculative: bool, law: str, generator: torch.Generator,
+             counts: Counter | None = None) -> tuple[list[int], str]:
     """The answer's tokens and finish reason; speculative rounds as our engine runs them (K capped by
-    the budget left), plain sampling otherwise."""
+    the budget left), plain sampling otherwise. `counts` adds up the drafts and the accepted ones."""
     out: list[int] = []
     if speculative and law == "hot" and not params.greedy:
         params = SamplingParams(params.temperature * HOT, params.top_k, params.top_p, params.min_p)
@@ -81,8 +82,10 @@ def generate(pair: ToyPair, ctx: tuple[int, ...], max_tokens: int, params: Sampl
                           for i in range(k + 1)])
         if k:
             rule = always_accept if law == "accept-all" else verify
-            emitted = rule(torch.tensor([drafts]), torch.stack(qs)[None], ps[None],
-                           Randomness.draw(1, k, generator)).emitted(0)
+            result = rule(torch.tensor([drafts]), torch.stack(qs)[None], ps[None], Randomness.draw(1, k, generator))
+            emitted = result.emitted(0)
+            if counts is not None:
+                counts.update(draft=k, accepted=int(result.n_accepted[0]))
         else:
             emitted = [int(sample(ps[:1], generator, params.greedy)[0])]
         for token in emitted:
@@ -99,13 +102,16 @@ def generate(pair: ToyPair, ctx: tuple[int, ...], max_tokens: int, params: Sampl
 
 def fake_app(law: str = "exact", logprobs: str | None = "processed", refuse: frozenset[str] = frozenset(),
              api_key: str | None = None, delay: float = 0.0, busy: int = 0, html: bool = False,
-             stop_after: int | None = None, seed: int = 7, owner: str = "fake") -> FastAPI:
+             stop_after: int | None = None, seed: int = 7, owner: str = "fake", speculates: bool = True) -> FastAPI:
     """The app; `logprobs`: "processed" (the law it samples), "raw" (before temperature and truncation,
-    as vLLM reports by default) or None (refused, as our server does); owner "specdecode" passes for ours."""
+    as vLLM reports by default) or None (refused, as our server does); owner "specdecode" passes for ours;
+    `speculates`: whether a request without the specdecode field speculates (a deployment with or without
+    a drafter). GET /metrics counts the drafts as vLLM and llama-server name them."""
     assert law in LAWS
     app = FastAPI()
     pair = ToyPair(seed)
     sent: Counter = Counter()
+    drafts: Counter = Counter()
     app.state.requests = 0
     app.state.server = None  # the uvicorn server, for stop_after
 
@@ -126,6 +132,11 @@ def fake_app(law: str = "exact", logprobs: str | None = "processed", refuse: fro
         if delay:
             await asyncio.sleep(delay)
         return await call_next(request)
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse(f"vllm:spec_decode_num_draft_tokens_total {drafts['draft']}\n"
+                                 f"vllm:spec_decode_num_accepted_tokens_total {drafts['accepted']}\n")
 
     @app.get("/v1/models")
     async def models():
@@ -152,10 +163,10 @@ def fake_app(law: str = "exact", logprobs: str | None = "processed", refuse: fro
         sent[key] += 1
         digest = hashlib.sha256(f"{seed}|{key}|{sent[key]}".encode()).digest()
         generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
-        speculative = (body.get("specdecode") or {}).get("speculative", True)
+        speculative = (body.get("specdecode") or {}).get("speculative", speculates)
         stop = body.get("stop") or []
         tokens, finish = generate(pair, ctx, body.get("max_tokens", 16), params, [stop] if isinstance(stop, str)
-                                  else stop, speculative, law, generator)
+                                  else stop, speculative, law, generator, drafts)
         out = "".join(WORDS[t] for t in tokens)
         n_top = (body.get("top_logprobs", 0) if chat else wants) if wants else 0
         lp = _logprobs(pair, ctx, tokens, params if logprobs == "processed" else SamplingParams(), n_top, chat) \

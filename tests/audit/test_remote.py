@@ -15,11 +15,11 @@ from specdecode.audit.remote.client import EndpointError, parse_answer
 from specdecode.audit.remote.compare import greedy_check
 from specdecode.audit.remote.client import Answer
 from specdecode.audit.remote.plan import QUICK_PROMPTS, QUICK_SETTINGS, Prompt, Setting, load_prompts, parse_setting
-from specdecode.cli.audit_server import QUICK_SAMPLES
+from specdecode.cli.audit_server import QUICK_CONTROL, QUICK_SAMPLES
 from tests.audit.fake_openai import fake_app
 
 OFF = {"specdecode": {"speculative": False}}
-QUICK = RemoteConfig(samples=QUICK_SAMPLES, greedy_tokens=8, boundary_tokens=0)
+QUICK = RemoteConfig(samples=QUICK_SAMPLES, greedy_tokens=8, boundary_tokens=0, control_factor=QUICK_CONTROL)
 
 
 def audit(app, config: RemoteConfig = QUICK, prompts=QUICK_PROMPTS, settings=QUICK_SETTINGS, body=None,
@@ -156,3 +156,20 @@ def test_prompts_and_settings_from_the_command_line(tmp_path):
     for bad in ["top_p=0.9", "temperature=hot", "temp=1", "temperature=3"]:
         with pytest.raises(ValueError):
             parse_setting(bad)
+
+
+def test_two_deployments_show_their_drafts_by_their_metrics():
+    """A reference that is a second deployment: each side's /metrics counters say who drafted; a
+    'speculating' endpoint that drafts nothing makes the audit inconclusive (it audited nothing)."""
+    from tests.audit.fake_openai import Served
+
+    config = RemoteConfig(samples=40, greedy_tokens=0, boundary_tokens=0, control_factor=2.0)
+    with Served(fake_app("exact")) as on, Served(fake_app("exact", speculates=False, seed=8)) as off:
+        report = run_remote_audit(Side("endpoint", on.url + "/v1"), Side("reference", off.url + "/v1"),
+                                  QUICK_PROMPTS[:1], (Setting(1.0),), config, progress=False)
+    assert report.drafts["endpoint"]["drafted"] > 0 and report.drafts["endpoint"]["source"] == "/metrics"
+    assert report.drafts["reference"]["drafted"] == 0
+    with Served(fake_app("exact", speculates=False)) as on, Served(fake_app("exact", speculates=False, seed=8)) as off:
+        idle = run_remote_audit(Side("endpoint", on.url + "/v1"), Side("reference", off.url + "/v1"),
+                                QUICK_PROMPTS[:1], (Setting(1.0),), config, progress=False)
+    assert idle.verdict == "inconclusive" and "no drafts" in idle.advice

@@ -108,6 +108,30 @@ class Client:
                                 f"OpenAI-compatible API? (or give --model)")
         return [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
 
+    async def draft_counters(self, side: Side) -> tuple[float, float] | None:
+        """(drafted, accepted) tokens so far by the server's Prometheus counters (vLLM's and llama-server's
+        `*spec_decode_num_draft_tokens_total`, `*spec_decode_num_accepted_tokens_total`), or None where
+        /metrics is not there (it is optional: nothing depends on it but the evidence of drafting)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        root = side.url[: -len("/v1")]
+        headers = {"Authorization": f"Bearer {side.api_key}"} if side.api_key else {}
+        try:
+            async with self.slots:
+                response = await self.http.get(root + "/metrics", headers=headers)
+            families = list(text_string_to_metric_families(response.text)) if response.status_code == 200 else []
+        except (httpx.HTTPError, ValueError):
+            return None
+        totals = {"draft": 0.0, "accepted": 0.0}
+        seen = False
+        for family in families:
+            for sample in family.samples:
+                for key in totals:
+                    if sample.name.endswith(f"spec_decode_num_{key}_tokens_total"):
+                        totals[key] += sample.value
+                        seen = True
+        return (totals["draft"], totals["accepted"]) if seen else None
+
     async def complete(self, side: Side, request: dict, chat: bool) -> Answer:
         """One completion (chat or text) of `request` with the side's model and body fields."""
         body = merge({"model": side.model, **request}, side.body)

@@ -103,7 +103,9 @@ async def _audit(endpoint: Side, reference: Side, prompts: tuple[Prompt, ...], s
         try:
             jobs = [(side, _request(g, g.setting, caps), g.prompt.chat, answers[i, side.name])
                     for _ in range(config.samples) for i, g in enumerate(plan) for side in (endpoint, reference)]
+            before = await _counters(client, (endpoint, reference))
             await _sample(client, jobs, config.concurrency, bar)
+            report.drafts = _drafts(answers, (endpoint, reference), before, await _counters(client, (endpoint, reference)))
             control_group = _most_varied(plan, answers, reference.name)
             setting = _perturbed(control_group.setting, config.control_factor)
             await _sample(client, [(reference, _request(control_group, setting, caps), control_group.prompt.chat,
@@ -139,7 +141,6 @@ async def _audit(endpoint: Side, reference: Side, prompts: tuple[Prompt, ...], s
             name = f"control (reference at T {hotter:g} vs T {control_group.setting.temperature:g}): {control_group.label}"
             report.controls = _compare(control_group, control, answers[plan.index(control_group), reference.name],
                                        caps, level, config.power, name)
-        report.drafts = _drafts(answers, control, (endpoint, reference))
     finally:
         await client.close()
     report.seconds = time.perf_counter() - t0
@@ -228,15 +229,27 @@ def _compare(group: Group, e: list[Answer], r: list[Answer], caps: Capabilities,
     return out
 
 
-def _drafts(answers: dict, control: list[Answer], sides: tuple[Side, Side]) -> dict:
-    """Drafts proposed and accepted on each side, where the server reports them (our usage extension):
-    evidence that the endpoint speculated and the reference did not."""
+async def _counters(client: Client, sides: tuple[Side, Side]) -> dict:
+    """Each side's Prometheus draft counters, where each side is its own server (at one URL they do not
+    say which side drafted)."""
+    if sides[0].url == sides[1].url:
+        return {}
+    return {side.name: await client.draft_counters(side) for side in sides}
+
+
+def _drafts(answers: dict, sides: tuple[Side, Side], before: dict, after: dict) -> dict:
+    """Drafts proposed and accepted on each side during the sampling, where the server says (our usage
+    extension per answer, else its /metrics counters): evidence that the endpoint speculated and the
+    reference did not."""
     out = {}
     for side in sides:
         mine = [a for (_, name), those in answers.items() if name == side.name for a in those]
-        mine += control if side is sides[1] else []
         counted = [a for a in mine if a.drafted is not None]
         if counted:
             out[side.name] = {"drafted": sum(a.drafted for a in counted), "accepted": sum(a.accepted or 0 for a in counted),
-                              "answers": len(counted)}
+                              "answers": len(counted), "source": "usage.specdecode"}
+        elif before.get(side.name) is not None and after.get(side.name) is not None:
+            (d0, a0), (d1, a1) = before[side.name], after[side.name]
+            out[side.name] = {"drafted": int(d1 - d0), "accepted": int(a1 - a0), "answers": len(mine),
+                              "source": "/metrics"}
     return out
