@@ -109,7 +109,7 @@ def fake_app(law: str = "exact", logprobs: str | None = "processed", refuse: fro
     a drafter). GET /metrics counts the drafts as vLLM and llama-server name them."""
     assert law in LAWS
     app = FastAPI()
-    pair = ToyPair(seed)
+    pair = ToyPair()  # one model for every fake: `seed` is the randomness of its answers
     sent: Counter = Counter()
     drafts: Counter = Counter()
     app.state.requests = 0
