@@ -7,6 +7,8 @@ fake's randomness is a function of each request, so every outcome here is determ
 
 from __future__ import annotations
 
+import math
+
 import httpx
 import pytest
 
@@ -43,7 +45,7 @@ def test_a_lossless_endpoint_passes_with_the_control_detected():
 
 
 @pytest.mark.parametrize("law,settings", [("accept-all", QUICK_SETTINGS), ("hot", QUICK_SETTINGS),
-                                          ("raw-q", (Setting(1.0, top_k=20),))])
+                                          ("raw-q", (Setting(1.0, top_k=5),))])
 def test_a_lossy_endpoint_fails_at_the_quick_sample_size(law, settings):
     """Three bug classes that shipped: drafts accepted unchecked, a temperature off by 25%, q taken before
     top-k (only a truncating setting shows that one): each is caught by --quick's prompts and samples."""
@@ -66,13 +68,24 @@ def test_too_few_samples_to_see_the_control_is_inconclusive():
     assert "raise --samples" in report.advice
 
 
-def test_raw_logprobs_do_not_feed_the_one_sample_test():
+def test_raw_logprobs_feed_the_one_sample_test_only_where_they_are_the_law():
     """A server that reports its raw law (before temperature and truncation) while sampling the processed
-    one: the reference's own answers contradict its logprobs, so that test does not run (no false failure)."""
-    report = audit(fake_app("exact", logprobs="raw"), settings=(Setting(0.6, top_k=5),))
+    one: the test against reported logprobs runs at temperature 1 untruncated only, where the two agree."""
+    report = audit(fake_app("exact", logprobs="raw"), settings=(Setting(1.0), Setting(0.6, top_k=5)))
     one_sample = [c for c in report.comparisons if c.test == "logprobs"]
-    assert one_sample and all(not c.tested and "do not follow its logprobs" in c.note for c in one_sample)
+    assert one_sample and all("T 1 |" in c.group and c.tested for c in one_sample)
     assert not report.failed
+
+
+def test_logprobs_that_are_not_the_sampled_law_are_caught_by_the_reference():
+    """Raw logprobs at temperature 1 but a server that samples another law there (its own default top-k):
+    the reference's answers contradict its logprobs, so the test does not run (no false failure)."""
+    from specdecode.audit.remote.compare import against_law
+    law = {"a": math.log(0.5), "b": math.log(0.3), "c": math.log(0.2)}
+    sampled = ["a"] * 125 + ["b"] * 75  # top-k 2 of that law: c never comes
+    check = against_law("g", sampled, sampled, law, 1e-3, 0.9)
+    assert not check.tested and "do not follow its logprobs" in check.note
+    assert against_law("g", sampled, ["a"] * 100 + ["b"] * 60 + ["c"] * 40, law, 1e-3, 0.9).p_value < 1e-6
 
 
 def test_without_logprobs_the_whole_answers_are_tested():

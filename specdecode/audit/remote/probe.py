@@ -63,9 +63,10 @@ async def probe(client: Client, sides: tuple[Side, Side], prompts: tuple[Prompt,
         raise EndpointError("the servers accept neither completion nor chat requests: " + "; ".join(caps.notes))
     chat = min(caps.kinds)  # completions where available: the plainest request
     base = {**examples[chat].fields(), "max_tokens": 1, "temperature": 1.0}
-    for name in sorted(set().union(*(s.uses for s in settings))):
-        on = next(getattr(s, name) for s in settings if name in s.uses)
-        if not await _accepted(client, sides, {**base, name: on}, chat):
+    used = set().union(*(s.uses for s in settings))
+    for name in sorted(OFF):  # every field, used or not: off explicitly beats a server's default
+        on = next((getattr(s, name) for s in settings if name in s.uses), None)
+        if on is not None and not await _accepted(client, sides, {**base, name: on}, chat):
             caps.refused.add(name)
             caps.notes.append(f"{name} refused by a server: the settings with {name.replace('_', '-')} are skipped")
             continue
@@ -74,7 +75,9 @@ async def probe(client: Client, sides: tuple[Side, Side], prompts: tuple[Prompt,
             if await _accepted(client, sides, {**base, name: off}, chat):
                 caps.off[name] = off
                 break
-        if caps.off[name] is None:
+        if caps.off[name] is None and name not in used:
+            caps.off.pop(name)  # neither used nor switchable off: left to the server
+        elif caps.off[name] is None:
             caps.notes.append(f"{name} is accepted but no off value is ({', '.join(map(str, OFF[name]))}): the "
                               f"settings without it get each server's default")
     if top_logprobs:

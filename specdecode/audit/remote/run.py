@@ -170,8 +170,12 @@ def _describe(side: Side) -> dict:
 
 
 def _one_sample(group: Group, caps: Capabilities) -> int:
-    """1 if the group also gets the test against the reference's reported first-token law."""
-    return int(not group.boundary and caps.tokens.get(group.prompt.chat, False) and caps.top.get(group.prompt.chat, False))
+    """1 if the group also gets the test against the reference's reported first-token law: at temperature 1
+    without truncation only, where the model's raw logprobs (what vLLM and llama-server report by default)
+    are the law sampled."""
+    chat = group.prompt.chat
+    return int(not group.boundary and group.setting == Setting(1.0) and caps.tokens.get(chat, False)
+               and caps.top.get(chat, False))
 
 
 def _request(group: Group, setting: Setting, caps: Capabilities) -> dict:
