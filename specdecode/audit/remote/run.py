@@ -80,71 +80,102 @@ async def _audit(endpoint: Side, reference: Side, prompts: tuple[Prompt, ...], s
         settings = tuple(s for s in settings if not s.uses & caps.refused)
         if not settings:
             raise EndpointError("every sampling setting needs a field a server refused: " + "; ".join(caps.notes))
-        plan = build_plan(prompts, settings, config.max_tokens, config.boundary_tokens)
-        greedy_prompts = prompts if config.greedy_tokens else ()
-        # each greedy check counts as a test too: its tie probe may call a divergence a loss
-        tests = sum(len(statistics(g, caps.tokens.get(g.prompt.chat, False))) + _one_sample(g, caps)
-                    for g in plan) + len(greedy_prompts)
-        level = config.level / tests
-        needed, probe_t = probe_answers(level), probe_temperature(config.tie_margin)
-        probes: list[list[Answer]] = []  # the tie probes' answers
-        report = RemoteReport(_describe(endpoint), _describe(reference), config.level, config.power, config.samples,
-                              tests, notes=list(caps.notes),
-                              planned=(2 * len(plan) + 1) * config.samples + 2 * len(greedy_prompts))
-        answers: dict[tuple[int, str], list[Answer]] = {(i, s.name): [] for i in range(len(plan))
-                                                        for s in (endpoint, reference)}
-        control: list[Answer] = []
-        bar = tqdm(total=report.planned, desc="audit", unit="req", disable=not progress)
-
-        def answered() -> int:
-            return sum(map(len, answers.values())) + len(control) + 2 * len(report.greedy) + sum(map(len, probes))
-
-        control_group = None
+        run = _Run(client, caps, config, endpoint, reference, build_plan(prompts, settings, config.max_tokens,
+                                                                         config.boundary_tokens),
+                   prompts if config.greedy_tokens else ())
+        run.bar = tqdm(total=run.report.planned, desc="audit", unit="req", disable=not progress)
         try:
-            jobs = [(side, _request(g, g.setting, caps), g.prompt.chat, answers[i, side.name])
-                    for _ in range(config.samples) for i, g in enumerate(plan) for side in (endpoint, reference)]
-            before = await _counters(client, (endpoint, reference))
-            await _sample(client, jobs, config.concurrency, bar)
-            report.drafts = _drafts(answers, (endpoint, reference), before, await _counters(client, (endpoint, reference)))
-            control_group = _most_varied(plan, answers, reference.name)
-            setting = _perturbed(control_group.setting, config.control_factor)
-            await _sample(client, [(reference, _request(control_group, setting, caps), control_group.prompt.chat,
-                                    control)] * config.samples, config.concurrency, bar)
-            for prompt in greedy_prompts:
-                request = {**prompt.fields(), "max_tokens": config.greedy_tokens, "temperature": 0.0,
-                           **{k: v for k, v in caps.off.items() if v is not None}, **caps.logprobs.get(prompt.chat, {})}
-                pair = [await client.complete(side, request, prompt.chat) for side in (endpoint, reference)]
-                bar.update(2)
-                check = greedy_check(f"{prompt.name}: greedy, {config.greedy_tokens} tokens", *pair, config.tie_margin)
-                if check.result == "unexplained":  # no logprobs to tell: sample the reference just above greedy
-                    probes.append([])
-                    report.planned += 2 * needed
-                    bar.total = report.planned
-                    await _sample(client, [(reference, {**request, "temperature": probe_t}, prompt.chat, probes[-1])]
-                                  * (2 * needed), config.concurrency, bar)
-                    check = tie_probe(check, *pair, probes[-1], needed, probe_t, config.tie_margin)
-                report.greedy.append(check)
+            await run.sample_groups()
+            await run.sample_control()
+            await run.check_greedy()
         except asyncio.CancelledError:  # Ctrl-C: the report says what the run had
             asyncio.current_task().uncancel()
-            report.interrupted = True
+            run.report.interrupted = True
         except EndpointError as exc:
-            raise EndpointError(f"{exc} (after {answered()} of {report.planned} requests)") from None
+            raise EndpointError(f"{exc} (after {run.answered()} of {run.report.planned} requests)") from None
         finally:
-            bar.close()
-        report.sent = answered()
-        report.retried = client.retried
-        for i, g in enumerate(plan):
-            report.comparisons += _compare(g, answers[i, endpoint.name], answers[i, reference.name], caps, level,
-                                           config.power)
-        if control_group is not None and control:
-            hotter = _perturbed(control_group.setting, config.control_factor).temperature
-            name = f"control (reference at T {hotter:g} vs T {control_group.setting.temperature:g}): {control_group.label}"
-            report.controls = _compare(control_group, control, answers[plan.index(control_group), reference.name],
-                                       caps, level, config.power, name)
+            run.bar.close()
+        report = run.finish()
     finally:
         await client.close()
     report.seconds = time.perf_counter() - t0
     return report
+
+
+class _Run:
+    """One audit's state: its plan, the answers so far, the report they go into."""
+
+    def __init__(self, client: Client, caps: Capabilities, config: RemoteConfig, endpoint: Side, reference: Side,
+                 plan: list[Group], greedy_prompts: tuple[Prompt, ...]) -> None:
+        self.client, self.caps, self.config, self.plan, self.greedy_prompts = client, caps, config, plan, greedy_prompts
+        self.endpoint, self.reference = endpoint, reference
+        # each greedy check counts as a test too: its tie probe may call a divergence a loss
+        tests = sum(len(statistics(g, caps.tokens.get(g.prompt.chat, False))) + _one_sample(g, caps)
+                    for g in plan) + len(greedy_prompts)
+        self.level = config.level / tests
+        self.report = RemoteReport(_describe(endpoint), _describe(reference), config.level, config.power,
+                                   config.samples, tests, notes=list(caps.notes),
+                                   planned=(2 * len(plan) + 1) * config.samples + 2 * len(greedy_prompts))
+        self.answers: dict[tuple[int, str], list[Answer]] = {(i, s.name): [] for i in range(len(plan))
+                                                             for s in (endpoint, reference)}
+        self.control: list[Answer] = []
+        self.control_group: Group | None = None
+        self.probes: list[list[Answer]] = []  # the tie probes' answers
+        self.bar = None
+
+    def answered(self) -> int:
+        return (sum(map(len, self.answers.values())) + len(self.control) + 2 * len(self.report.greedy)
+                + sum(map(len, self.probes)))
+
+    async def sample_groups(self) -> None:
+        """Every group's answers from both sides, interleaved; the drafts each side reports meanwhile."""
+        sides = (self.endpoint, self.reference)
+        jobs = [(side, _request(g, g.setting, self.caps), g.prompt.chat, self.answers[i, side.name])
+                for _ in range(self.config.samples) for i, g in enumerate(self.plan) for side in sides]
+        before = await _counters(self.client, sides)
+        await _sample(self.client, jobs, self.config.concurrency, self.bar)
+        self.report.drafts = _drafts(self.answers, sides, before, await _counters(self.client, sides))
+
+    async def sample_control(self) -> None:
+        """The reference at the perturbed temperature, on the group whose reference answers vary most."""
+        self.control_group = group = _most_varied(self.plan, self.answers, self.reference.name)
+        request = _request(group, _perturbed(group.setting, self.config.control_factor), self.caps)
+        await _sample(self.client, [(self.reference, request, group.prompt.chat, self.control)] * self.config.samples,
+                      self.config.concurrency, self.bar)
+
+    async def check_greedy(self) -> None:
+        config, needed = self.config, probe_answers(self.level)
+        for prompt in self.greedy_prompts:
+            request = {**prompt.fields(), "max_tokens": config.greedy_tokens, "temperature": 0.0,
+                       **{k: v for k, v in self.caps.off.items() if v is not None},
+                       **self.caps.logprobs.get(prompt.chat, {})}
+            pair = [await self.client.complete(side, request, prompt.chat) for side in (self.endpoint, self.reference)]
+            self.bar.update(2)
+            check = greedy_check(f"{prompt.name}: greedy, {config.greedy_tokens} tokens", *pair, config.tie_margin)
+            if check.result == "unexplained":  # no logprobs to tell: sample the reference just above greedy
+                hot = probe_temperature(config.tie_margin)
+                self.probes.append([])
+                self.report.planned += 2 * needed
+                self.bar.total = self.report.planned
+                await _sample(self.client, [(self.reference, {**request, "temperature": hot}, prompt.chat,
+                                             self.probes[-1])] * (2 * needed), config.concurrency, self.bar)
+                check = tie_probe(check, *pair, self.probes[-1], needed, hot, config.tie_margin)
+            self.report.greedy.append(check)
+
+    def finish(self) -> RemoteReport:
+        """The tests on the answers that arrived."""
+        report, config = self.report, self.config
+        report.sent, report.retried = self.answered(), self.client.retried
+        for i, g in enumerate(self.plan):
+            report.comparisons += _compare(g, self.answers[i, self.endpoint.name], self.answers[i, self.reference.name],
+                                           self.caps, self.level, config.power)
+        group = self.control_group
+        if group is not None and self.control:
+            hotter = _perturbed(group.setting, config.control_factor).temperature
+            name = f"control (reference at T {hotter:g} vs T {group.setting.temperature:g}): {group.label}"
+            report.controls = _compare(group, self.control, self.answers[self.plan.index(group), self.reference.name],
+                                       self.caps, self.level, config.power, name)
+        return report
 
 
 async def _with_model(client: Client, side: Side) -> Side:
