@@ -8,7 +8,8 @@ audit's JSON and a summary. The cases:
                   with `{"specdecode": {"speculative": false}}` per request (the audit finds both bodies)
     llama-draft   llama.cpp's llama-server with the draft model (-md, --spec-type draft-simple, 3 drafts) against a
                   second llama-server on the same target without speculation
-    llama-ngram   llama-server with n-gram speculation (--spec-type ngram-simple) against that plain one
+    llama-ngram   llama-server with n-gram speculation (--spec-type ngram-simple, a 4-gram drafting 8 tokens: its
+                  defaults, 12 and 48, draft nothing before the context holds 61 tokens) against that plain one
     lcp-lookup    llama-cpp-python's server with its prompt-lookup decoding (--draft_model, 10 tokens)
                   against its server without
 
@@ -111,7 +112,7 @@ def servers_for(case: str, args, logs: Path) -> tuple[list[tuple[str, list[str],
         # "speculative": false, its /metrics count no drafts)
         spec = ["-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", "3", "-ngld", "0"] \
             if case == "llama-draft" else \
-            ["--spec-type", "ngram-simple"]
+            ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "4", "--spec-ngram-simple-size-m", "8"]
         return [("llama-server, speculative", llama_server(args.llama_server, target, on, 1, *spec), on),
                 ("llama-server, plain", llama_server(args.llama_server, target, off, 1), off)], audit
     if case == "lcp-lookup":
