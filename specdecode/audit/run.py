@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from specdecode.audit.checks import LawCheck, law_check
 from specdecode.audit.controls import CONTROLS
 from specdecode.audit.laws import next_logits, next_token_law, sample_first_tokens, two_token_law
+from specdecode.audit.verdict import verdict
 from specdecode.backends.protocol import Model
 from specdecode.core.probs import GREEDY, SamplingParams
 from specdecode.core.verify import verify
@@ -90,10 +91,9 @@ class AuditReport:
     def verdict(self) -> str:
         """"fail" if a check failed; "inconclusive" if none did but a law check had too few samples for a
         test, or the broken control rule went unseen too (see `advice` for why); "pass" otherwise."""
-        if self.failed:
-            return "fail"
-        untested = any(not c.tested for c in self.law_checks)
-        return "inconclusive" if untested or self.control_detected is False else "pass"
+        doubts = [c.name for c in self.law_checks if not c.tested]
+        doubts += [self.control.name] if self.control_detected is False else []
+        return verdict(self.failed, doubts)
 
     @property
     def advice(self) -> str | None:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from specdecode.cli.generate import add_model_args, load_decoder, positive_int, seed_int
+from specdecode.cli.audit_server import add_server_args, run_server_audit
+from specdecode.cli.generate import add_model_args, load_decoder, non_negative_int, positive_int, seed_int
 from specdecode.cli.output import console, emit_json, table
+from specdecode.audit.verdict import EXIT
 from specdecode.core import VERIFY_RULES
 
 DEFAULT_PROMPTS = ["Write a Python function that reverses a string.", "def fibonacci(n):"]
@@ -17,7 +19,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                        description="Sample many speculative rounds from fixed prefixes and compare the first "
                                    "one and two emitted tokens with the target's exact distribution "
                                    "(chi-square, TV bound); check greedy identity; run a broken-rule "
-                                   "negative control that must be flagged.")
+                                   "negative control that must be flagged. With --server URL: the same "
+                                   "certificate for any OpenAI-compatible endpoint, black box, over HTTP: the law "
+                                   "of its answers with speculation on against a reference without it.")
     add_model_args(p)
     p.add_argument("--prompt", action="append", default=None, help="audit prompt (repeatable; default: two)")
     p.add_argument("--chat", action="store_true", help="apply the chat template to the prompts")
@@ -25,8 +29,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature > 0 (default 1)")
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0 = off)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (default 1 = off)")
-    p.add_argument("--samples", type=positive_int, default=None, help="rounds per law check (default 400; quick 200)")
-    p.add_argument("--greedy-tokens", type=positive_int, default=None, help="tokens for greedy identity (default 64)")
+    p.add_argument("--samples", type=positive_int, default=None,
+                   help="rounds per law check (default 400; quick 200); with --server, answers per side per group "
+                        "(default 300; quick 200)")
+    p.add_argument("--greedy-tokens", type=non_negative_int, default=None,
+                   help="tokens for greedy identity (default 64; with --server 32, quick 16, 0 = no greedy checks)")
     p.add_argument("--level", type=float, default=1e-3,
                    help="overall false-failure probability of the statistical checks (default %(default)g)")
     p.add_argument("--control", default="always-accept", choices=["always-accept", "residual-from-p"],
@@ -35,26 +42,40 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="the verification rule to audit: token (default) or block")
     p.add_argument("--seed", type=seed_int, default=0, help="sampling seed, 0 to 2**63 - 1 (default 0)")
     p.add_argument("--quick", action="store_true",
-                   help="200 samples, 32 greedy tokens, and one prompt unless --prompt gives them")
+                   help="200 samples, 32 greedy tokens, and one prompt unless --prompt gives them; with --server, "
+                        "two prompts at temperature 1 (200 answers a side each) and 16 greedy tokens")
     p.add_argument("--batched", action="store_true",
                    help="run the law checks batched: every pass of the audited sequence also carries two "
                         "neighbour sequences (their own prompts, drafts and randomness), as in the server "
                         "(the audited sequence then drafts K = 3 unless --k is given)")
     p.add_argument("--json", action="store_true", help="print one JSON document (verdict, advice, every check)")
-    p.set_defaults(func=run_audit_cmd)
+    shared = {"samples", "greedy_tokens", "level", "quick", "json", "help"}
+    in_process = [a for a in p._actions if a.dest not in shared]
+    server = add_server_args(p)
+    p.set_defaults(func=run_audit_cmd, in_process_options=in_process, server_options=server)
 
 
-# exit statuses by verdict: an audit that could not see its own negative control has not shown exactness
-EXIT = {"pass": 0, "fail": 1, "inconclusive": 3}
+def check_mode(args: argparse.Namespace) -> None:
+    """A ValueError for an option given that the audit's mode (in-process, or --server) does not read."""
+    unused = args.in_process_options if args.server else args.server_options[1:]
+    given = [a for a in unused if getattr(args, a.dest) != a.default]
+    if given:
+        option = given[0].option_strings[0]
+        raise ValueError(f"{option} applies to the in-process audit, not to --server (the settings are swept: see "
+                         f"--setting)" if args.server else f"{option} applies to the audit of a server: give --server URL")
 
 
 def run_audit_cmd(args: argparse.Namespace) -> int:
+    check_mode(args)
+    if args.server:
+        return run_server_audit(args)
     from specdecode.audit import AuditConfig, run_audit
     from specdecode.core.probs import SamplingParams
 
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     config = AuditConfig(samples=args.samples or (200 if args.quick else 400),
-                         greedy_tokens=args.greedy_tokens or (32 if args.quick else 64), level=args.level,
+                         greedy_tokens=(32 if args.quick else 64) if args.greedy_tokens is None else args.greedy_tokens,
+                         level=args.level,
                          k=args.k, control=args.control, seed=args.seed)
     prompts = args.prompt or (DEFAULT_PROMPTS[:1] if args.quick else DEFAULT_PROMPTS)
     args.max_batch = 1 + len(NEIGHBOUR_PROMPTS) if args.batched else 1

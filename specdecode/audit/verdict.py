@@ -1,0 +1,15 @@
+"""The audits' verdicts and the exit status each gives the shell, in-process and black-box alike."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+# An audit that could not see its own negative control has not shown exactness: that is not a pass.
+EXIT = {"pass": 0, "fail": 1, "inconclusive": 3}
+NOT_RUN = 2  # the audit could not run as asked (bad options, an endpoint that cannot be audited)
+
+
+def verdict(failed: bool, doubts: Sequence[str] = ()) -> str:
+    """"fail" if a check failed; else "inconclusive" if anything kept the audit from concluding (the
+    doubts: a control unseen, a check without a test); else "pass"."""
+    return "fail" if failed else "inconclusive" if doubts else "pass"
