@@ -22,6 +22,7 @@ from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, Dynam
 from transformers.utils import logging as hf_logging
 
 from specdecode.backends.protocol import Snapshot
+from specdecode.checks import SettingError
 from specdecode.core.tree import tree_depths
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -51,7 +52,7 @@ def resolve_device(device: str) -> str:
         raise ValueError(f"unknown device {device!r}; use auto, cpu, cuda or cuda:N")
     if parsed.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"device {device!r} asked for, but no CUDA device is available; use --device cpu")
+            raise SettingError(f"device {device!r} asked for, but no CUDA device is available; use {{device=cpu}}")
         count = torch.cuda.device_count()
         if parsed.index is not None and parsed.index >= count:
             raise ValueError(f"device {device!r} asked for, but this machine has {count} CUDA device(s) "

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from specdecode.backends.hf import HFModel, load_pretrained
+from specdecode.checks import SettingError
 
 COMPLETE_MARKER = ".specdecode-complete"
 
@@ -114,10 +115,11 @@ def resolve_backend(backend: str, ref: str | os.PathLike | None, device: str) ->
         return "llama.cpp" if is_gguf(ref) and device == "cpu" else "transformers"
     if backend == "llama.cpp":
         if not is_gguf(ref):
-            raise ValueError(f"the llama.cpp backend runs GGUF files; {str(ref)!r} is not one "
-                             f"(use --backend transformers for a model directory)")
+            raise SettingError(f"the llama.cpp backend runs GGUF files; {str(ref)!r} is not one "
+                               f"(use {{backend=transformers}} for a model directory)")
         if device != "cpu":
-            raise ValueError("the llama.cpp backend runs on the CPU here; use --device cpu or --backend transformers")
+            raise SettingError("the llama.cpp backend runs on the CPU here; use {device=cpu} or "
+                               "{backend=transformers}")
     return backend
 
 

@@ -11,7 +11,7 @@ from transformers import PreTrainedTokenizerBase
 
 from specdecode.backends.hf import resolve_device, resolve_dtype
 from specdecode.backends.protocol import Model
-from specdecode.checks import check_utf8, integer
+from specdecode.checks import SettingError, check_utf8, integer
 from specdecode.core.probs import SamplingParams
 from specdecode.drafters import auto_drafters
 from specdecode.drafters.lookup import LookupDrafter
@@ -133,14 +133,14 @@ class SpeculativeDecoder:
         backend = resolve_backend(backend, target, device)
         if backend == "llama.cpp":
             if dtype != "auto":
-                raise ValueError(f"--dtype {dtype} applies to the transformers backend; llama.cpp runs the GGUF's "
-                                 f"own weights (add --backend transformers to choose a dtype)")
+                raise SettingError(f"{{dtype={dtype}}} applies to the transformers backend; llama.cpp runs the "
+                                   f"GGUF's own weights (add {{backend=transformers}} to choose a dtype)")
             if draft_int8 is not None or draft_vocab is not None:  # --no-draft-int8 too: it reads nothing
-                raise ValueError("--draft-int8/--draft-vocab apply to a transformers draft; on llama.cpp the "
-                                 "draft runs its GGUF as it is (add --backend transformers)")
+                raise SettingError("{draft_int8}/{draft_vocab} apply to a transformers draft; on llama.cpp the "
+                                   "draft runs its GGUF as it is (add {backend=transformers})")
         elif threads or n_ctx:
-            raise ValueError("--threads/--n-ctx apply to the llama.cpp backend (GGUF files): drop them, or give "
-                             "--backend llama.cpp with GGUF models")
+            raise SettingError("{threads}/{n_ctx} apply to the llama.cpp backend (GGUF files): drop them, or give "
+                               "{backend=llama.cpp} with GGUF models")
         torch_dtype = resolve_dtype(dtype, device)
         if integer(max_batch) is None or max_batch < 0:
             raise ValueError(f"max_batch must be an integer >= 1 (0 = auto), got {max_batch!r}")
@@ -149,17 +149,17 @@ class SpeculativeDecoder:
             raise ValueError(f"tree must be an integer in 0..{MAX_TREE} (extra draft-tree nodes per round), got {tree!r}")
         loads_draft = drafter in ("auto", "model")  # the drafters that run a draft model
         if draft is not None and not loads_draft:
-            raise ValueError(f"--draft is a draft model, which --drafter {drafter} does not use (it loads none): "
-                             f"drop --draft, or use --drafter auto or model")
+            raise SettingError(f"{{draft}} is a draft model, which {{drafter={drafter}}} does not use (it loads "
+                               f"none): drop {{draft}}, or use {{drafter=auto}} or model")
         if (draft_int8 is not None or draft_vocab is not None) and not loads_draft:
-            raise ValueError(f"--draft-int8/--draft-vocab shape a draft model, which --drafter {drafter} does not use: "
-                             f"drop them, or use --drafter auto or model")
+            raise SettingError(f"{{draft_int8}}/{{draft_vocab}} shape a draft model, which {{drafter={drafter}}} "
+                               f"does not use: drop them, or use {{drafter=auto}} or model")
         if draft_confidence and not loads_draft:
-            raise ValueError(f"--draft-confidence ends a draft model's drafts, which --drafter {drafter} does not "
-                             f"use: drop it, or use --drafter auto or model")
+            raise SettingError(f"{{draft_confidence}} ends a draft model's drafts, which {{drafter={drafter}}} "
+                               f"does not use: drop it, or use {{drafter=auto}} or model")
         if tree and drafter not in ("auto", "model", "suffix"):
-            raise ValueError(f"--tree needs a drafter with alternatives to offer: --drafter model, auto or suffix "
-                             f"(prompt lookup copies one continuation), not {drafter}")
+            raise SettingError(f"{{tree}} needs a drafter with alternatives to offer: {{drafter=model}}, auto or "
+                               f"suffix (prompt lookup copies one continuation), not {drafter}")
         settings = LlamaSettings(n_ctx=n_ctx, n_threads=threads, n_seq_max=max_batch,
                                  tree_leaves=tree + 1 if tree else 0)
         target_model, tokenizer = load_model(target, "target", torch_dtype, device, progress=progress,
@@ -192,7 +192,7 @@ class SpeculativeDecoder:
                 return _some_tokens(list(self.tokenizer.encode(prompt)))
             prompt = [{"role": "user", "content": prompt}]
         if self.tokenizer.chat_template is None:
-            raise ValueError("this tokenizer has no chat template; pass plain text without --chat")
+            raise SettingError("this tokenizer has no chat template; pass plain text without {chat}")
         ids = self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True)
         if isinstance(ids, dict) or hasattr(ids, "keys"):  # some versions return a BatchEncoding
             ids = ids["input_ids"]

@@ -35,6 +35,7 @@ from typing import Hashable, Iterator, Sequence as Seq
 import torch
 
 from specdecode.backends.protocol import Model, Row, common_prefix, forward_batch
+from specdecode.checks import SettingError
 from specdecode.core import VERIFY_RULES
 from specdecode.core.probs import SamplingParams, greedy_token, logits_to_probs
 from specdecode.core.reproducible import CounterNoise, sample_token, verify_equal, verify_tree_equal
@@ -73,9 +74,9 @@ def new_sequence(slot: Slot, prompt: Seq[int], config: GenerationConfig, eos_ids
         raise ValueError("the prompt is empty: give at least one token")
     if len(prompt) + 1 > target.max_length:
         setting = getattr(target, "context_setting", None)  # what sets the context, if the user can
-        raise ValueError(f"the prompt has {len(prompt)} tokens but {target.name} has a context of "
-                         f"{target.max_length} (the prompt and one new token at least must fit): shorten the "
-                         f"prompt" + (f" or raise {setting}" if setting else ""))
+        raise SettingError(f"the prompt has {len(prompt)} tokens but {target.name} has a context of "
+                           f"{target.max_length} (the prompt and one new token at least must fit): shorten the "
+                           f"prompt" + (f" or raise {{{setting}}}" if setting else ""))
     if policy is None:
         policy = FixedK(config.k) if config.k is not None else AdaptiveK()
     rule = rule if rule is not None else VERIFY_RULES[config.verification]

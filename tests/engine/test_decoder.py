@@ -196,13 +196,17 @@ def test_wrong_types_are_named(decoder, call, error, match):
 
 def test_a_prompt_that_does_not_fit_names_the_setting_that_would_fit_it(decoder):
     """A prompt that does not fit said only "shorten the prompt"; where the backend's context is a
-    setting (llama.cpp's --n-ctx), the error now names it too."""
+    setting (llama.cpp's n_ctx), the error now names it too: the library's parameter, which the CLI names
+    as its option."""
+    from specdecode.cli.flags import cli_message
+
     with pytest.raises(ValueError, match="must fit\\): shorten the prompt$"):  # a model's own limit: nothing to raise
         decoder.generate("a" * 300, SAMPLED)
-    decoder.target.context_setting = "n_ctx (--n-ctx)"
+    decoder.target.context_setting = "n_ctx"
     try:
-        with pytest.raises(ValueError, match="shorten the prompt or raise n_ctx \\(--n-ctx\\)$"):
+        with pytest.raises(ValueError, match="shorten the prompt or raise n_ctx$") as raised:
             decoder.generate("a" * 300, SAMPLED)
+        assert cli_message(raised.value).endswith("shorten the prompt or raise --n-ctx")
     finally:
         del decoder.target.context_setting
 
