@@ -30,7 +30,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from specdecode.backends.protocol import Row, Snapshot
+from specdecode.backends.protocol import Model, Row, Snapshot
 from specdecode.checks import SettingError
 from specdecode.core.tree import tree_depths
 from specdecode.interrupts import ctrl_c_after
@@ -359,12 +359,15 @@ class _Tree:
         return [self.own_id] + self.branch_ids if j == 0 else self.branches_of[j]
 
 
-class LlamaCppModel:
+class LlamaCppModel(Model):
     """One sequence of a llama.cpp context over `weights`: the engine's `Model` protocol.
 
     Built alone it owns a new context (with settings.n_seq_max sequences); `sibling()` gives the
     context's other sequences, which `forward_batch` runs together in one pass.
     """
+
+    trees = True  # scratch sequence ids per leaf (module docstring)
+    snapshots = True  # llama_state_seq_get_data / set_data
 
     def __init__(self, weights: LlamaWeights, settings: LlamaSettings = LlamaSettings(),
                  name: str | None = None, *, context: LlamaContext | None = None, seq_id: int = 0) -> None:
@@ -402,6 +405,10 @@ class LlamaCppModel:
 
     def forward(self, tokens: Sequence[int], n_logits: int = 1) -> torch.Tensor:
         return self.context.forward_rows([(self, tokens, n_logits)])[0]
+
+    @property
+    def batch_group(self) -> LlamaContext:
+        return self.context  # its sequences share passes
 
     def forward_batch(self, rows: Sequence[Row]) -> list[torch.Tensor]:
         """Several sequences of this context in one pass (see `backends.protocol.forward_batch`)."""

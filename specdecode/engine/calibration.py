@@ -41,11 +41,6 @@ def machine_id() -> str:
     return f"{cpu} x{cores}"
 
 
-def signature(model) -> str:
-    """What a model's speed depends on: its backend's own description if it has one, else its name."""
-    return str(getattr(model, "signature", None) or model.name)
-
-
 # what the stored costs measure; a file written under another version is measured anew
 # (2: a round's cost includes the work on the pass's logits, engine/loop.py's `time_pass`;
 # 3: a greedy round's verification draws no V-sized noise, 3.6 ms less on Qwen's vocabulary;
@@ -55,11 +50,7 @@ COSTS_VERSION = 5
 
 
 def calibration_key(target, drafters: Sequence[Drafter]) -> str:
-    parts = [f"costs v{COSTS_VERSION}", machine_id(), signature(target)]
-    for d in drafters:
-        model = getattr(d, "model", None)
-        parts.append(d.name + (f"({signature(model)})" if model is not None else ""))
-    return " | ".join(parts)
+    return " | ".join([f"costs v{COSTS_VERSION}", machine_id(), target.signature, *(d.signature for d in drafters)])
 
 
 class CalibrationStore:

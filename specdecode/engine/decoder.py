@@ -83,7 +83,7 @@ class SpeculativeDecoder:
         # where adaptive K's measured costs are kept across processes (None: measured per process)
         self.calibration, self.recalibrate = calibration, recalibrate
         if eos_ids is None:
-            eos_ids = _eos_ids(tokenizer, getattr(target, "model", None))
+            eos_ids = _eos_ids(tokenizer, target)
         self.eos_ids = frozenset(eos_ids)
 
     @property
@@ -364,8 +364,8 @@ def check_compatible(target: Model, target_tok: PreTrainedTokenizerBase, draft: 
 END_MARKERS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|end|>", "<end_of_turn>", "</s>")
 
 
-def _eos_ids(tokenizer: PreTrainedTokenizerBase, model) -> set[int]:
-    """End tokens: the tokenizer's EOS, the generation_config EOS, and known end markers."""
+def _eos_ids(tokenizer: PreTrainedTokenizerBase, target: Model) -> set[int]:
+    """End tokens: the tokenizer's EOS, known end markers, and the target's own (`Model.eos_ids`)."""
     ids: set[int] = set()
     special = set(tokenizer.all_special_tokens) | {t.content for t in tokenizer.added_tokens_decoder.values()
                                                    if t.special}
@@ -374,10 +374,7 @@ def _eos_ids(tokenizer: PreTrainedTokenizerBase, model) -> set[int]:
             ids.add(int(tokenizer.convert_tokens_to_ids(marker)))
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if gen_eos is not None:
-        ids.update(int(i) for i in (gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos]))
-    return ids
+    return ids | target.eos_ids
 
 
 class TextAssembler:

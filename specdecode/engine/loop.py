@@ -39,7 +39,7 @@ from specdecode.checks import SettingError
 from specdecode.core import VERIFY_RULES
 from specdecode.core.probs import SamplingParams, greedy_token, logits_to_probs
 from specdecode.core.reproducible import CounterNoise, sample_token, verify_equal, verify_tree_equal
-from specdecode.core.tree import DraftTree, verify_tree
+from specdecode.core.tree import DraftTree
 from specdecode.core.verify import Randomness, verify
 from specdecode.drafters.model import Drafting, draft_together
 from specdecode.drafters.protocol import Drafter, Proposal
@@ -73,7 +73,7 @@ def new_sequence(slot: Slot, prompt: Seq[int], config: GenerationConfig, eos_ids
     if not prompt:
         raise ValueError("the prompt is empty: give at least one token")
     if len(prompt) + 1 > target.max_length:
-        setting = getattr(target, "context_setting", None)  # what sets the context, if the user can
+        setting = target.context_setting  # what sets the context, if the user can
         raise SettingError(f"the prompt has {len(prompt)} tokens but {target.name} has a context of "
                            f"{target.max_length} (the prompt and one new token at least must fit): shorten the "
                            f"prompt" + (f" or raise {{{setting}}}" if setting else ""))
@@ -447,7 +447,7 @@ def _verify_tree_row(job: RoundJob, drafter: Drafter, proposal: Proposal, p: tor
         tree = DraftTree(tree.tokens, tree.parents, None if tree.q is None else tree.q.to(p.device))
         # the multi-candidate rule, whichever chain rule the job has (block verification is a chain
         # rule); the audit's broken controls bring their own tree versions
-        result = getattr(job.rule, "tree_rule", verify_tree)(tree, p, rand.u[0], rand.v[0])
+        result = job.rule.tree_rule(tree, p, rand.u[0], rand.v[0])
         path, emitted = result.path, result.tokens
     job.target.accept_path([0] + [j + 1 for j in path])
     chain = tree.main_chain()
@@ -471,15 +471,14 @@ def _draft(drafters: Seq[Drafter], policy: KPolicy, context: list[int], k_cap: i
     `draft_together`, with the drafters after it in case it drafts nothing."""
     shadow = None
     for n, drafter in enumerate(drafters):
-        lag = getattr(drafter, "lag", None)  # tokens a stateful drafter must catch up on first
-        situation = drafter.situation(context) if hasattr(drafter, "situation") else None
-        k = min(policy.choose(drafter.name, lag(context) if lag else 0, load, situation), k_cap)
+        situation = drafter.situation(context)
+        k = min(policy.choose(drafter.name, drafter.lag(context), load, situation), k_cap)
         if k < 1:
-            if shadow is None and k_cap >= 1 and getattr(drafter, "free", False):
+            if shadow is None and k_cap >= 1 and drafter.free:
                 guess = drafter.continuation(context, (), 1)  # its chain's first token; no tree, no model
                 shadow = (drafter.name, guess[0], situation) if guess else None
             continue
-        if defer and hasattr(drafter, "drafting"):
+        if defer and drafter.lockstep:
             return _Draft(drafter, None, shadow, load, situation, drafter.drafting(context, k, params, generator),
                           drafters[n + 1:], k)
         proposal = drafter.propose(context, k, params, generator)
@@ -503,7 +502,7 @@ def calibrate(policy: KPolicy, target: Model, drafters: Seq[Drafter], prompt: Se
     prefill(target, drafters, prompt)
     policy.calibrate(lambda n: time_pass(target, prompt[-1], n, params),
                      {d.name: (lambda d=d: _time_step(d, prompt, params)) for d in drafters},
-                     {d.name: (lambda d=d: _time_catchup(d, prompt, params)) for d in drafters if hasattr(d, "lag")})
+                     {d.name: (lambda d=d: _time_catchup(d, prompt, params)) for d in drafters if d.lockstep})
 
 
 def _time_step(drafter: Drafter, prompt: list[int], params: SamplingParams) -> float | None:

@@ -61,6 +61,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Hashable, Protocol
 
 from specdecode.core.theory import CostModel, expected_tokens
+from specdecode.drafters.protocol import Situation
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,8 +267,8 @@ class AdaptiveK:
         s = self._state(drafter, situation)
         prior, weight = self.prior_alpha, self.prior_weight
         if situation is not None:
-            measured = getattr(situation, "prior", None)  # a drafters.protocol.Situation
-            prior, weight = (self.situation_prior, weight) if measured is None else (measured, self.measured_prior_weight)
+            prior, weight = (situation.prior, self.measured_prior_weight) if isinstance(situation, Situation) \
+                else (self.situation_prior, weight)
         return (s.accepted + prior * weight) / (s.tested + weight)
 
     def cost_model(self, drafter: str, lag: int = 0) -> CostModel:

@@ -97,8 +97,7 @@ class Scheduler:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         self.decoder, self.prefill_tokens, self.patience, self.isolate = decoder, prefill_tokens, patience, isolate
         self.isolated = 0  # shared rounds that failed and ran row by row (`_alone`): a count for /metrics
-        self.prompt_cache = PromptCache(cache_bytes) if cache_bytes and hasattr(decoder.target, "snapshot") \
-            else None
+        self.prompt_cache = PromptCache(cache_bytes) if cache_bytes and decoder.target.snapshots else None
         self.free: list[Slot] = list(decoder.slots)
         # a prefix cache: the token ids whose K/V each free slot's target still holds (its last request's),
         # with that request's sequence (still the cache's owner unless something else used the target since)
