@@ -23,8 +23,7 @@ from pathlib import Path
 from specdecode.backends.llamacpp import LlamaCppModel, LlamaSettings, LlamaWeights, default_threads
 from specdecode.backends.protocol import Row, forward_batch
 from specdecode.backends.weights import DRAFT, TARGET, ensure_gguf
-from specdecode.engine.loop import time_pass
-from specdecode.engine.policy import interleaved_medians
+from specdecode.engine.calibration import interleaved_medians, time_pass
 
 SIZES = list(range(1, 17))
 BATCHES = [1, 2, 3, 4]

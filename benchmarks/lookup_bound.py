@@ -37,7 +37,7 @@ from specdecode.backends.protocol import Model
 from specdecode.bench.harness import PROMPT_SETS, load_prompts
 from specdecode.drafters.lookup import LookupConfig, LookupDrafter, NgramIndex
 from specdecode.engine.config import GenerationConfig
-from specdecode.engine.loop import generate_tokens
+from specdecode.engine.engine import generate_tokens
 from specdecode.engine.policy import AdaptiveK
 from specdecode.engine.stats import GenerationStats
 

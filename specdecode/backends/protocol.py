@@ -124,7 +124,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """How many leading tokens a and b share: the cache cells that a cache holding a can keep for b."""
     n = min(len(a), len(b))
     if list(a[:n]) == list(b[:n]):  # the usual case, one a prefix of the other, compared at C speed
-        return n                    # (asked every round by a draft model that sat out: 0.07 ms for 2,000)
+        return n                    # (asked every round by a draft model that sat out)
     n = 0
     for x, y in zip(a, b):
         if x != y:

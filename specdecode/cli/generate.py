@@ -243,7 +243,7 @@ def run_generate(args: argparse.Namespace) -> int:
         return 0
     console.print()
     if context_full:  # finish "length" alone would read as --max-new-tokens reached
-        setting = getattr(decoder.target, "context_setting", None)
+        setting = decoder.target.context_setting
         err_console.print(f"[yellow]note:[/] stopped after {stats.new_tokens} of --max-new-tokens "
                           f"{config.max_new_tokens} tokens: the model's context of {decoder.target.max_length} "
                           f"tokens is full" + (f" (raise {cli_setting(setting, None)})" if setting else ""),

@@ -9,11 +9,9 @@ from specdecode.core import VERIFY_RULES
 from specdecode.core.probs import SamplingParams
 
 DRAFTER_CHOICES = ("auto", "model", "lookup", "suffix")  # SpeculativeDecoder.load(drafter=...), --drafter
-# prompt tokens per pass while requests run (engine/scheduler.py, --prefill-chunk). Measured on the
-# embedded pair, a 2,219-token prompt arriving beside two streams (benchmarks/prefill_stall.py, 2 runs):
-# the streams paused at most 4.6-6.4 s with 256, 10.3-10.5 s with 512, 3.6 s with 128 and 34-41 s
-# with the whole prompt in one pass; all three requests were done in 50-58 s with 256, 57 s with 512,
-# 47-58 s whole, 58-67 s with 128 (small pieces compute fewer prompt tokens a second).
+# the server's prompt tokens per pass while requests run (engine/scheduler.py, --prefill-chunk): smaller
+# pieces stall the running streams for less, larger ones compute more prompt tokens a second
+# (benchmarks/prefill_stall.py measures the trade)
 DEFAULT_PREFILL_TOKENS = 256
 
 # seeds are 0 .. SEED_LIMIT - 1: torch's generator keeps 63 bits of a seed, so s and s + 2**63 would draw

@@ -18,7 +18,7 @@ from specdecode.core.probs import GREEDY
 from specdecode.drafters.lookup import LookupDrafter
 from specdecode.engine.config import GenerationConfig
 from specdecode.engine.decoder import SpeculativeDecoder
-from specdecode.engine.loop import generate_tokens
+from specdecode.engine.engine import generate_tokens
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ from specdecode.core.probs import GREEDY
 from specdecode.drafters.lookup import LookupConfig, LookupDrafter, lookup
 from specdecode.drafters.renames import Renames
 from specdecode.engine.config import GenerationConfig
-from specdecode.engine.loop import generate_tokens
+from specdecode.engine.engine import generate_tokens
 from specdecode.engine.policy import FixedK
 from specdecode.engine.stats import GenerationStats
 
