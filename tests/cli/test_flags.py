@@ -15,7 +15,6 @@ import pytest
 import specdecode
 from specdecode.checks import SettingError
 from specdecode.cli.flags import FLAGS, VALUE_FLAGS, cli_message, cli_setting
-from specdecode.cli.main import build_parser
 
 PACKAGE = Path(specdecode.__file__).parent
 PLACEHOLDER = re.compile(r"\{([a-z_][a-z0-9_]*)(=[^{}]*)?(\}|$)")
@@ -51,6 +50,10 @@ def test_the_library_names_settings_the_cli_can_name():
 
 
 def test_every_option_of_the_mapping_exists():
+    # imported here: importing the submodule at collection would shadow `specdecode.cli.main`, the
+    # entry point the other CLI tests import, with the module of that name
+    from specdecode.cli.main import build_parser
+
     options = {opt for parser in [build_parser(), *build_parser().commands.values()]
                for action in parser._actions for opt in action.option_strings}
     for flag in [*FLAGS.values(), *VALUE_FLAGS.values()]:
