@@ -101,11 +101,12 @@ class Engine:
         stats = stats if stats is not None else GenerationStats()
         if text and self.tokenizer is None:
             raise ValueError("a text request needs the engine's tokenizer")
+        if policy is None:
+            policy = FixedK(config.k) if config.k is not None else self.policy  # the engine's: a copy at admission
         if generator is None:
             generator = CounterNoise(config.seed) if config.reproducible else torch.Generator().manual_seed(config.seed)
-        request = Request(key, ids, config, policy if policy is not None else FixedK(config.k)
-                          if config.k is not None else self.policy, rule if rule is not None else
-                          VERIFY_RULES[config.verification], generator, self.eos_ids, stats, speculative,
+        request = Request(key, ids, config, policy, rule if rule is not None else VERIFY_RULES[config.verification],
+                          generator, self.eos_ids, stats, speculative,
                           TextAssembler(self.tokenizer, config.stop, stats) if text else None)
         if self.scheduler.can_admit() and not self.scheduler.waiting:
             self._admit(request)
