@@ -18,7 +18,7 @@ from specdecode.backends.native import NativeModel, NativeSettings, NativeWeight
 from specdecode.backends.weights import DRAFT, TARGET, cache_dir, ensure_gguf, gguf_tokenizer
 from specdecode.bench.faithfulness import GATE_TOP1, NEAR_TIE, Faithfulness, compare
 from specdecode.bench.harness import load_prompts
-from specdecode.engine.decoder import _eos_ids
+from specdecode.engine.loading import eos_ids
 
 SETS = ("chat", "codegen", "codeedit")
 
@@ -38,7 +38,7 @@ def main() -> None:
         ours = NativeModel(NativeWeights(path, NativeSettings(kernel=args.kernel), role, cache=cache_dir() / "native"))
         report["kernel"] = ours.weights.kernel
         theirs = LlamaCppModel(LlamaWeights(path, role), LlamaSettings(n_ctx=4096))
-        eos = _eos_ids(tokenizer, None)
+        eos = eos_ids(tokenizer, ours)
         total = Faithfulness()
         for name in SETS:
             items = load_prompts(name)[: args.prompts or None]

@@ -121,8 +121,7 @@ def part_projections(args) -> dict:
 def part_model(args) -> dict:
     """Seconds per pass of n tokens after CONTEXT tokens (the engine's own timing of a pass)."""
     from specdecode.backends.weights import DRAFT, TARGET, ensure_gguf
-    from specdecode.engine.loop import time_pass
-    from specdecode.engine.policy import interleaved_medians
+    from specdecode.engine.calibration import interleaved_medians, time_pass
 
     path = ensure_gguf(TARGET if args.model == "target" else DRAFT, progress=False)
     bw = bandwidth(args.threads)

@@ -38,7 +38,7 @@ from specdecode.drafters.lookup import LookupDrafter  # noqa: E402
 from specdecode.drafters.model import ModelDrafter  # noqa: E402
 from specdecode.drafters.protocol import Proposal  # noqa: E402
 from specdecode.engine.config import GenerationConfig  # noqa: E402
-from specdecode.engine.loop import generate_tokens  # noqa: E402
+from specdecode.engine.engine import generate_tokens  # noqa: E402
 from specdecode.engine.stats import GenerationStats  # noqa: E402
 from specdecode.stats import chi_square  # noqa: E402
 from tests.engine.test_sampling_exact import PROMPT, V, exact_joint  # noqa: E402  (one definition of the law)

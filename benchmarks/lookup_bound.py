@@ -33,10 +33,11 @@ from pathlib import Path
 
 import torch
 
+from specdecode.backends.protocol import Model
 from specdecode.bench.harness import PROMPT_SETS, load_prompts
 from specdecode.drafters.lookup import LookupConfig, LookupDrafter, NgramIndex
 from specdecode.engine.config import GenerationConfig
-from specdecode.engine.loop import generate_tokens
+from specdecode.engine.engine import generate_tokens
 from specdecode.engine.policy import AdaptiveK
 from specdecode.engine.stats import GenerationStats
 
@@ -64,7 +65,7 @@ def replay(prompt: list[int], output: list[int], curve: dict[int, float], k_max:
     return {"t_oracle": t_oracle, "t_plain": len(output) * curve[1], "by_bucket": by_bucket}
 
 
-class ReplayTarget:
+class ReplayTarget(Model):
     """A target model whose greedy choice after position i is script[i + 1], whatever was fed: a
     recorded greedy output replayed. A draft is judged against the recorded token at its position,
     which is what the real target chose there whenever every earlier draft was accepted (the only

@@ -24,7 +24,7 @@ from specdecode.cli.generate import positive_int
 from specdecode.core.probs import GREEDY
 from specdecode.engine.config import GenerationConfig
 from specdecode.engine.decoder import SpeculativeDecoder
-from specdecode.engine.scheduler import Scheduler
+from specdecode.engine.scheduler import SchedulerConfig
 
 SHORT = ["Write a Python function that checks whether a string is a palindrome.",
          "Explain what a Python generator is, with a short example."]
@@ -43,22 +43,22 @@ WHOLE = 10 ** 9  # a piece bigger than any prompt: the prompt in one round
 
 
 def run(decoder: SpeculativeDecoder, piece: int, max_new: int) -> dict:
-    scheduler = Scheduler(decoder, prefill_tokens=piece)
+    decoder.set_scheduling(SchedulerConfig(prefill_tokens=piece))
     config = GenerationConfig(max_new_tokens=max_new, sampling=GREEDY)
     for i, prompt in enumerate(SHORT):
-        scheduler.admit(i, decoder.encode(prompt, chat=True), config)
+        decoder.add_request(decoder.encode(prompt, chat=True), config, key=i)
     long_ids = decoder.encode(LONG, chat=True)
     t0, rounds, t_admit, t_first = time.perf_counter(), [], None, None
-    while scheduler.running:
+    while decoder.scheduler.running:
         if len(rounds) == 4 and t_admit is None:  # the streams run: the long prompt arrives
-            scheduler.admit("long", long_ids, config)
+            decoder.add_request(long_ids, config, key="long")
             t_admit = time.perf_counter()
         t1 = time.perf_counter()
-        got = scheduler.step()
+        got = [(r, r.take()) for r in decoder.step()]
         t2 = time.perf_counter()
-        if any(a.key != "long" for a, _ in got):
+        if any(r.key != "long" for r, _ in got):
             rounds.append((t1, t2))
-        if t_first is None and any(a.key == "long" and any(c.tokens for c in chunks) for a, chunks in got):
+        if t_first is None and any(r.key == "long" and any(c.tokens for c in chunks) for r, chunks in got):
             t_first = t2 - t_admit
     gaps = [b[1] - a[1] for a, b in zip(rounds, rounds[1:])]  # between two rounds the streams got tokens
     return {"piece": "whole" if piece == WHOLE else piece, "prompt_tokens": len(long_ids),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import numbers
+import re
+from typing import Callable
 
 
 def integer(value: object) -> int | None:
@@ -36,3 +38,32 @@ def check_utf8(text: str, what: str) -> None:
     except UnicodeEncodeError as exc:
         raise ValueError(f"{what} is not valid UTF-8 (it holds {text[exc.start:exc.end]!r} at character "
                          f"{exc.start}): give it as UTF-8 text") from None
+
+
+class SettingError(ValueError):
+    """A ValueError about the library's own parameters, which its message names as `{name}` or
+    `{name=value}` in `template`. str() reads them as Python calls them (`backend='transformers'`);
+    a front end renders them as its user sets them (the CLI: `--backend transformers`, cli/flags.py),
+    so library code never quotes another layer's options."""
+
+    def __init__(self, template: str) -> None:
+        self.template = template
+        super().__init__(self.render(python_setting))
+
+    def __reduce__(self):  # pickled with its template (the bench's workers send it to the CLI's process)
+        return SettingError, (self.template,)
+
+    def render(self, setting: Callable[[str, str | None], str]) -> str:
+        """The message with each `{name}` / `{name=value}` replaced by setting(name, value or None)."""
+        return _SETTING.sub(lambda m: setting(m[1], m[2]), self.template)
+
+
+_SETTING = re.compile(r"\{([a-z_][a-z0-9_]*)(?:=([^{}]*))?\}")
+
+
+def python_setting(name: str, value: str | None) -> str:
+    """A parameter as a Python call writes it: `n_ctx`, `drafter='lookup'`, `speculative=False`."""
+    if value is None:
+        return name
+    literal = value in ("True", "False", "None") or value.lstrip("-").replace(".", "", 1).isdigit()
+    return f"{name}={value}" if literal else f"{name}={value!r}"

@@ -1,7 +1,7 @@
 """Exact laws from the target, and samples from the engine, both from one prefix.
 
 The prefix is prefilled once; every sample restores the target cache to it
-(truncate) and runs real engine rounds (`speculative_rounds`), so thousands of
+(truncate) and runs real engine rounds (`engine.round.run_round`), so thousands of
 samples cost only their own rounds. In the batched mode every round of the audited
 sequence shares its target pass with neighbour sequences (other slots, their own
 prefixes, drafts and randomness), as requests do in the server. The draft model's cache follows by itself:
@@ -18,9 +18,11 @@ from specdecode.backends.protocol import Model
 from specdecode.core.probs import SamplingParams, logits_to_probs
 from specdecode.core.verify import verify
 from specdecode.drafters.protocol import Drafter
-from specdecode.engine.loop import RoundJob, VerifyRule, prefill, speculative_rounds
+from specdecode.engine.config import GenerationConfig
 from specdecode.engine.policy import FixedK, KPolicy
-from specdecode.engine.sequence import Slot
+from specdecode.engine.request import Request, State, VerifyRule
+from specdecode.engine.round import run_round
+from specdecode.engine.slot import Slot, prefill
 
 UNBOUNDED = 1 << 30  # no token budget inside a round: the audit wants full K rounds
 
@@ -41,28 +43,27 @@ def sample_first_tokens(target: Model, drafters: Sequence[Drafter], policy: KPol
     others = torch.Generator().manual_seed(int(torch.randint(1 << 62, (1,), generator=generator))) \
         if neighbours else None
     policy.begin()
+    config = GenerationConfig(max_new_tokens=UNBOUNDED, sampling=params)
+    audited = Slot(target, tuple(drafters))
     out = []
     for _ in range(n_samples):
-        contexts = [list(prefix)] + [list(pre) for _, pre in neighbours]
-        tokens: list[int] = []
-        while len(tokens) < n_tokens:
-            jobs = [RoundJob(target, drafters, policy, contexts[0], UNBOUNDED, params, generator, rule)] + [
-                RoundJob(slot.target, slot.drafters, FixedK(2), context, UNBOUNDED, params, others)
-                for (slot, _), context in zip(neighbours, contexts[1:])]
-            outs = speculative_rounds(jobs)
-            r = outs[0]
-            policy.observe(r.drafter, r.drafted, r.accepted, r.t_step * r.drafted, r.pass_tokens, r.t_verify,
-                           r.situation)
-            tokens += r.tokens
-            for context, o in zip(contexts, outs):
-                context += o.tokens
-        out.append(tuple(tokens[:n_tokens]))
+        rows = [_decoding(audited, prefix, config, policy, rule, generator)] + [
+            _decoding(slot, pre, config, FixedK(2), verify, others) for slot, pre in neighbours]
+        while len(rows[0].tokens) < n_tokens:
+            run_round(rows)  # the policies learn from every round, as a request's do
+        out.append(tuple(rows[0].tokens[:n_tokens]))
         target.truncate(base)
         for (slot, _), b in zip(neighbours, bases):
             slot.target.truncate(b)
         if tick:
             tick()
     return out
+
+
+def _decoding(slot: Slot, prefix: Sequence[int], config: GenerationConfig, policy: KPolicy, rule: VerifyRule,
+              generator: torch.Generator) -> Request:
+    """A request decoding after `prefix`, whose slot's target holds prefix[:-1] (no EOS, no budget)."""
+    return Request(None, list(prefix), config, policy, rule, generator, frozenset(), slot=slot, state=State.DECODING)
 
 
 def next_logits(target: Model, prefix: Sequence[int]) -> torch.Tensor:

@@ -33,9 +33,10 @@ from specdecode.core.probs import GREEDY, SamplingParams
 from specdecode.core.verify import verify
 from specdecode.drafters.protocol import Drafter
 from specdecode.engine.config import GenerationConfig
-from specdecode.engine.loop import VerifyRule, generate_tokens
+from specdecode.engine.engine import generate_tokens
 from specdecode.engine.policy import AdaptiveK, FixedK, KPolicy
-from specdecode.engine.sequence import Slot
+from specdecode.engine.request import VerifyRule
+from specdecode.engine.slot import Slot
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,7 +215,7 @@ def _numerical_tie(target: Model, context: list[int], plain: list[int], spec: li
         return False, float("inf")
     logits = next_logits(target, context).float()
     gap = abs(float(logits[plain[at]] - logits[spec[at]]))
-    tolerance = getattr(target, "logit_tolerance", None)  # a backend whose kernels round by pass shape
+    tolerance = target.logit_tolerance  # a backend whose kernels round by pass shape (backends/protocol.py)
     if tolerance is not None:
         return gap <= tolerance, gap
     dtype = _dtype(target)

@@ -21,7 +21,8 @@ from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, Dynam
                           PreTrainedTokenizerBase)
 from transformers.utils import logging as hf_logging
 
-from specdecode.backends.protocol import Snapshot
+from specdecode.backends.protocol import Model, Snapshot
+from specdecode.checks import SettingError
 from specdecode.core.tree import tree_depths
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -51,7 +52,7 @@ def resolve_device(device: str) -> str:
         raise ValueError(f"unknown device {device!r}; use auto, cpu, cuda or cuda:N")
     if parsed.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"device {device!r} asked for, but no CUDA device is available; use --device cpu")
+            raise SettingError(f"device {device!r} asked for, but no CUDA device is available; use {{device=cpu}}")
         count = torch.cuda.device_count()
         if parsed.index is not None and parsed.index >= count:
             raise ValueError(f"device {device!r} asked for, but this machine has {count} CUDA device(s) "
@@ -59,8 +60,12 @@ def resolve_device(device: str) -> str:
     return device
 
 
-class HFModel:
-    """One sequence's view of a transformers causal LM, with its own KV cache."""
+class HFModel(Model):
+    """One sequence's view of a transformers causal LM, with its own KV cache. Its rows of a batch
+    run one pass each (transformers' caches are per sequence): the default `forward_batch`."""
+
+    trees = True  # a 4D attention mask (module docstring)
+    snapshots = True  # a copy of the DynamicCache
 
     def __init__(self, model: PreTrainedModel, name: str = "model") -> None:
         self.model = model.eval()
@@ -75,6 +80,12 @@ class HFModel:
     @property
     def length(self) -> int:
         return int(self.cache.get_seq_length())
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        """The end ids of the model's generation_config (GGUF conversions often keep fewer in the tokenizer)."""
+        ids = self.model.generation_config.eos_token_id  # None, an id, or a list of them
+        return frozenset(int(i) for i in (ids if isinstance(ids, (list, tuple)) else [] if ids is None else [ids]))
 
     @property
     def dtype(self) -> torch.dtype:

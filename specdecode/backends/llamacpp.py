@@ -30,7 +30,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from specdecode.backends.protocol import Row, Snapshot
+from specdecode.backends.protocol import Model, Row, Snapshot
+from specdecode.checks import SettingError
 from specdecode.core.tree import tree_depths
 from specdecode.interrupts import ctrl_c_after
 
@@ -46,8 +47,8 @@ def _lib():
     try:
         from llama_cpp import llama_cpp as ll
     except ImportError as exc:  # pragma: no cover - the package is a dependency
-        raise ValueError("the llama.cpp backend needs llama-cpp-python: pip install 'llama-cpp-python==0.3.36' "
-                         "(or use --backend transformers)") from exc
+        raise SettingError("the llama.cpp backend needs llama-cpp-python: pip install 'llama-cpp-python==0.3.36' "
+                           "(or use {backend=transformers})") from exc
     with _init_lock:
         if not _initialised:
             _log_errors_only = ll.llama_log_callback(_print_errors)
@@ -138,8 +139,8 @@ class LlamaWeights:
         with ctrl_c_after():  # else a Ctrl-C lands in the log callback and is lost
             self.ptr = ll.llama_model_load_from_file(str(path).encode(), params)
         if not self.ptr:
-            raise ValueError(f"llama.cpp could not load {str(path)!r}: not a GGUF model it supports "
-                             f"(try --backend transformers)")
+            raise SettingError(f"llama.cpp could not load {str(path)!r}: not a GGUF model it supports "
+                               f"(try {{backend=transformers}})")
         self.vocab = ll.llama_model_get_vocab(self.ptr)
         self.n_vocab = int(ll.llama_vocab_n_tokens(self.vocab))
         self.n_ctx_train = int(ll.llama_model_n_ctx_train(self.ptr))
@@ -186,8 +187,8 @@ class LlamaContext:
         trained = weights.n_ctx_train or settings.max_ctx
         # beyond it llama.cpp wrapped 2^32 to a small context, aborted on 2^32 + a little, or ran out of memory
         if not 0 <= settings.n_ctx <= trained:
-            raise ValueError(f"n_ctx (--n-ctx) must be 0 (the model's) to {weights.name}'s trained context of "
-                             f"{trained} tokens, got {settings.n_ctx}")
+            raise SettingError(f"{{n_ctx}} must be 0 (the model's) to {weights.name}'s trained context of "
+                               f"{trained} tokens, got {settings.n_ctx}")
         per_seq = settings.n_ctx or min(trained, settings.max_ctx // settings.n_seq_max)
         params = ll.llama_context_default_params()
         params.n_ctx = per_seq * settings.n_seq_max
@@ -249,8 +250,8 @@ class LlamaContext:
                 trees[r] = _Tree.of(model, parents, self.settings)
                 n = max(trees[r].depth) + 1
             if model.length + n > self.max_length:
-                raise ValueError(f"{model.name}: {model.length + n} tokens exceed the context of {self.max_length} "
-                                 f"(raise n_ctx, --n-ctx)")
+                raise SettingError(f"{model.name}: {model.length + n} tokens exceed the context of "
+                                   f"{self.max_length} (raise {{n_ctx}})")
         if len({id(row.model) for row in rows}) != len(rows):
             raise ValueError("a pass holds each sequence at most once")
         # pieces: (row index, tokens, offset of the first token in the row); grouped into passes
@@ -358,12 +359,15 @@ class _Tree:
         return [self.own_id] + self.branch_ids if j == 0 else self.branches_of[j]
 
 
-class LlamaCppModel:
+class LlamaCppModel(Model):
     """One sequence of a llama.cpp context over `weights`: the engine's `Model` protocol.
 
     Built alone it owns a new context (with settings.n_seq_max sequences); `sibling()` gives the
     context's other sequences, which `forward_batch` runs together in one pass.
     """
+
+    trees = True  # scratch sequence ids per leaf (module docstring)
+    snapshots = True  # llama_state_seq_get_data / set_data
 
     def __init__(self, weights: LlamaWeights, settings: LlamaSettings = LlamaSettings(),
                  name: str | None = None, *, context: LlamaContext | None = None, seq_id: int = 0) -> None:
@@ -375,7 +379,7 @@ class LlamaCppModel:
         self.name = name or weights.name
         self.vocab_size = weights.n_vocab
         self.max_length = self.context.max_length
-        self.context_setting = "n_ctx (--n-ctx)"  # named when a prompt does not fit (engine/loop.py)
+        self.context_setting = "n_ctx"  # the parameter named when a prompt does not fit
         self.seq_id = seq_id
         self.device = torch.device("cpu")
         # llama.cpp quantises activations per pass, so a K-token pass and K one-token passes (or a
@@ -401,6 +405,10 @@ class LlamaCppModel:
 
     def forward(self, tokens: Sequence[int], n_logits: int = 1) -> torch.Tensor:
         return self.context.forward_rows([(self, tokens, n_logits)])[0]
+
+    @property
+    def batch_group(self) -> LlamaContext:
+        return self.context  # its sequences share passes
 
     def forward_batch(self, rows: Sequence[Row]) -> list[torch.Tensor]:
         """Several sequences of this context in one pass (see `backends.protocol.forward_batch`)."""

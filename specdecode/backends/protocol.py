@@ -2,20 +2,25 @@
 
 A backend owns one sequence's KV cache. `forward` appends tokens at positions
 length .. length+n-1 and returns next-token logits for the last `n_logits` of
-them; `truncate` rolls the cache back (rejected drafts) and must be cheap.
+them; `truncate` rolls the cache back (rejected drafts) and must be cheap;
+`sibling()` gives another sequence over the same weights with its own cache (a batch's slots).
 
-Several sequences at once (batching): `sibling()` gives another sequence over the
-same weights with its own cache; `forward_batch` runs one round's rows of several
-sequences, in one pass where the backend can (llama.cpp: siblings share a context
-and a `llama_decode`), else one pass per row (transformers: docs/guide.md, "Max batch").
-
-A prompt cache (engine/prompt_cache.py): `snapshot` copies the cache's K/V out, `restore` puts such
-a copy back (into this sequence or a sibling), so a prompt computed once need not be computed again.
-A backend without them keeps only what its sequences still hold.
-
-Draft trees: `forward_tree` runs a tree after the cache (each token sees the cache and its own
-ancestors only, at position length + depth), and `accept_path` then keeps the accepted root-to-node
-path and drops the rest of the tree. A backend without them verifies chains only.
+What a backend may do beyond that is declared on it, with a default here: a backend subclasses
+`Model` and overrides what it supports, in one place.
+- Batched passes: `forward_batch` runs rows of several sequences with one `batch_group` in one
+  pass (llama.cpp: siblings share a context and a `llama_decode`); by default each row runs alone.
+- Draft trees (`trees = True`): `forward_tree` runs a tree after the cache (each token sees the cache
+  and its own ancestors only, at position length + depth), and `accept_path` then keeps the accepted
+  root-to-node path and drops the rest of the tree. Without them a backend verifies chains only.
+- A prompt cache (`snapshots = True`, engine/prompt_cache.py): `snapshot` copies the cache's K/V out,
+  `restore` puts such a copy back (into this sequence or a sibling), so a prompt computed once need
+  not be computed again. Without them only what the sequences still hold is reused.
+- `signature`: what its speed depends on (the calibration file's key); by default its name.
+- `logit_tolerance`: how far a near-tie of its logits may move with a pass's shape (kernels that
+  round by shape, as llama.cpp's); None: they do not move.
+- `context_setting`: the parameter that sets `max_length` where a user can (llama.cpp: "n_ctx"),
+  named when a prompt does not fit; None: the model's own limit.
+- `eos_ids`: the end-of-text ids the model's own configuration names (the tokenizer's are added).
 """
 
 from __future__ import annotations
@@ -30,12 +35,12 @@ class Model(Protocol):
     name: str
     vocab_size: int  # logits width
     max_length: int  # context limit in tokens
-    # Optional: `context_setting`, the option that sets max_length where a user can (llama.cpp:
-    # "n_ctx (--n-ctx)"), named when a prompt does not fit; absent: the model's own limit.
-
-    @property
-    def length(self) -> int:
-        """Tokens currently held in the cache."""
+    trees: bool = False  # forward_tree / accept_path
+    snapshots: bool = False  # snapshot / restore
+    logit_tolerance: float | None = None
+    context_setting: str | None = None
+    eos_ids: frozenset[int] = frozenset()
+    length: int  # tokens currently held in the cache
 
     def forward(self, tokens: Sequence[int], n_logits: int = 1) -> torch.Tensor:
         """Run `tokens` after the cache; return logits [n_logits, vocab] for the last n_logits inputs."""
@@ -45,6 +50,35 @@ class Model(Protocol):
 
     def sibling(self) -> "Model":
         """Another sequence over the same weights, with its own empty cache."""
+
+    @property
+    def signature(self) -> str:
+        return self.name
+
+    @property
+    def batch_group(self) -> object:
+        """Models of one group run their rows in one `forward_batch` call (default: each its own)."""
+        return self
+
+    def forward_batch(self, rows: Sequence["Row"]) -> list[torch.Tensor]:
+        """Rows of this model's batch group, in one pass where the backend can; each row's logits."""
+        return [row.run_alone() for row in rows]
+
+    def forward_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """A tree after the cache (parents[j]: an earlier index or -1); logits for every token."""
+        raise NotImplementedError(f"{self.name} verifies chains only (it declares no trees)")
+
+    def accept_path(self, path: Sequence[int]) -> None:
+        """After `forward_tree`: keep the root-to-node `path` (indices, root first), drop the rest."""
+        raise NotImplementedError(f"{self.name} verifies chains only (it declares no trees)")
+
+    def snapshot(self) -> "Snapshot":
+        """A copy of the cache, to `restore` later into this sequence or a sibling."""
+        raise NotImplementedError(f"{self.name} keeps no snapshots (it declares none)")
+
+    def restore(self, snapshot: "Snapshot") -> None:
+        """Replace the cache by a copy `snapshot()` made."""
+        raise NotImplementedError(f"{self.name} keeps no snapshots (it declares none)")
 
 
 class Snapshot(NamedTuple):
@@ -66,29 +100,23 @@ class Row(NamedTuple):
 
     def run_alone(self) -> torch.Tensor:
         if self.parents is not None:
-            return self.model.forward_tree(self.tokens, self.parents)  # type: ignore[attr-defined]
+            return self.model.forward_tree(self.tokens, self.parents)
         return self.model.forward(self.tokens, n_logits=self.n_logits)
 
 
 def forward_batch(rows: Sequence[Row | tuple]) -> list[torch.Tensor]:
     """`forward` (or `forward_tree`) for several sequences: each row's logits, in order.
 
-    Rows whose models share a batched pass (a `forward_batch` method, as llama.cpp siblings
-    have) run together, one pass per such group; any other row runs alone."""
+    Rows whose models share a `batch_group` (llama.cpp siblings: their context) go to one
+    `forward_batch` call, one pass where the backend can."""
     rows = [Row(*row) for row in rows]
     out: list[torch.Tensor | None] = [None] * len(rows)
     groups: dict[int, list[int]] = {}
     for i, row in enumerate(rows):
-        model = row.model
-        key = id(getattr(model, "context", model)) if hasattr(model, "forward_batch") else -1 - i
-        groups.setdefault(key, []).append(i)
+        groups.setdefault(id(row.model.batch_group), []).append(i)
     for members in groups.values():
-        model = rows[members[0]].model
-        if hasattr(model, "forward_batch"):
-            for i, logits in zip(members, model.forward_batch([rows[i] for i in members])):
-                out[i] = logits
-        else:
-            out[members[0]] = rows[members[0]].run_alone()
+        for i, logits in zip(members, rows[members[0]].model.forward_batch([rows[i] for i in members])):
+            out[i] = logits
     return out  # type: ignore[return-value]
 
 
@@ -96,7 +124,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """How many leading tokens a and b share: the cache cells that a cache holding a can keep for b."""
     n = min(len(a), len(b))
     if list(a[:n]) == list(b[:n]):  # the usual case, one a prefix of the other, compared at C speed
-        return n                    # (asked every round by a draft model that sat out: 0.07 ms for 2,000)
+        return n                    # (asked every round by a draft model that sat out)
     n = 0
     for x, y in zip(a, b):
         if x != y:

@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from specdecode.backends.hf import HFModel, load_pretrained
+from specdecode.checks import SettingError
 
 COMPLETE_MARKER = ".specdecode-complete"
 
@@ -125,16 +126,17 @@ def resolve_backend(backend: str, ref: str | os.PathLike | None, device: str) ->
         return "native"
     if backend in GGUF_BACKENDS:
         if not is_gguf(ref):
-            raise ValueError(f"the {backend} backend runs GGUF files; {str(ref)!r} is not one "
-                             f"(use --backend transformers for a model directory)")
+            raise SettingError(f"the {backend} backend runs GGUF files; {str(ref)!r} is not one "
+                               f"(use {{backend=transformers}} for a model directory)")
         if device != "cpu":
-            raise ValueError(f"the {backend} backend runs on the CPU here; use --device cpu or --backend transformers")
+            raise SettingError(f"the {backend} backend runs on the CPU here; use {{device=cpu}} or "
+                               f"{{backend=transformers}}")
     if backend == "native":
         from specdecode.backends.native import unavailable
 
         why = unavailable()
         if why:
-            raise ValueError(f"the native backend cannot run here: {why} (use --backend llama.cpp)")
+            raise SettingError(f"the native backend cannot run here: {why} (use {{backend=llama.cpp}})")
     return backend
 
 

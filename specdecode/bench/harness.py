@@ -19,11 +19,8 @@ from importlib import resources
 import torch
 from tqdm.auto import tqdm
 
-from specdecode.backends.protocol import Model
 from specdecode.bench.methods import BASELINE, Method, RunResult
 from specdecode.core.probs import GREEDY, SamplingParams
-from specdecode.engine.loop import prefill, time_pass
-from specdecode.engine.policy import interleaved_medians
 
 SAMPLED = SamplingParams(temperature=0.7)
 MODES = {"greedy": GREEDY, "sampled": SAMPLED}
@@ -69,15 +66,6 @@ class Cell:
 
 def load_prompts(name: str) -> list[dict]:
     return json.loads(resources.files("specdecode.bench").joinpath("prompts", f"{name}.json").read_text())
-
-
-def measure_cost_curve(target: Model, ids: list[int], max_n: int, reps: int = 3) -> list[float]:
-    """Median wall time of a target pass over n = 1..max_n tokens after the prompt, timed in
-    interleaved sweeps like the adaptive-K calibration (a slow spell hits every size alike)."""
-    prefill(target, [], ids)
-    medians = interleaved_medians({n: (lambda n=n: time_pass(target, ids[-1], n)) for n in range(1, max_n + 1)},
-                                  reps)
-    return [medians[n] for n in range(1, max_n + 1)]
 
 
 def run_benchmark(methods: list[Method], encode, config: BenchConfig, exact_dtype: bool,

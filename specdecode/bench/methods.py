@@ -161,8 +161,8 @@ def build_ours(target: str | None, draft: str | None, backend: str, dtype: str, 
     from specdecode.backends.hf import HFModel, resolve_device, resolve_dtype
     from specdecode.backends.llamacpp import LlamaSettings
     from specdecode.backends.weights import load_model
-    from specdecode.bench.harness import measure_cost_curve
-    from specdecode.engine.decoder import check_compatible, make_cheaper
+    from specdecode.engine.calibration import measure_cost_curve
+    from specdecode.engine.loading import check_compatible, make_cheaper
 
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)

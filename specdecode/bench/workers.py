@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from typing import Callable
 
 from specdecode.bench.methods import Method, RunResult
+from specdecode.checks import SettingError
 from specdecode.core.probs import SamplingParams
 
 # a module-level function (picklable by name) that loads models and returns (methods, info): info is
@@ -51,7 +52,7 @@ class MethodWorker:
         except EOFError:
             raise RuntimeError(f"benchmark worker exited unexpectedly (code {self._proc.exitcode})") from None
         if kind == "invalid":  # bad input (options, models, a context too small): one line, as in the parent
-            raise ValueError(payload)
+            raise payload if isinstance(payload, ValueError) else ValueError(payload)
         if kind == "error":
             raise RuntimeError(f"benchmark worker failed:\n{payload}")
         return payload
@@ -95,7 +96,9 @@ def _serve(conn, builder: Builder, kwargs: dict) -> None:
             conn.send(_failure(exc))
 
 
-def _failure(exc: Exception) -> tuple[str, str]:
-    """A ValueError is bad input, said in one line (every layer raises these for it); anything else is a
-    defect, sent with its traceback."""
-    return ("invalid", str(exc)) if isinstance(exc, ValueError) else ("error", traceback.format_exc())
+def _failure(exc: Exception) -> tuple[str, object]:
+    """A ValueError is bad input, said in one line (every layer raises these for it; a SettingError goes
+    whole, for the CLI to name its options); anything else is a defect, sent with its traceback."""
+    if isinstance(exc, ValueError):
+        return "invalid", exc if isinstance(exc, SettingError) else str(exc)
+    return "error", traceback.format_exc()

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import time
 
+from specdecode.cli.flags import cli_setting
 from specdecode.cli.output import console, emit_json, err_console, table, write_text
 from specdecode.backends.llamacpp import MAX_THREADS
 from specdecode.core import VERIFY_RULES
 from specdecode.core.probs import SamplingParams
-from specdecode.engine.config import DRAFTER_CHOICES, SEED_LIMIT, GenerationConfig
+from specdecode.engine.config import DRAFTER_CHOICES, GenerationConfig, check_seed
 from specdecode.engine.stats import GenerationStats
 
 MAX_BATCH = 256  # --max-batch: llama.cpp's limit on the sequences of one context (LLAMA_MAX_SEQ)
@@ -33,8 +34,15 @@ def positive_int(text: str) -> int:
 
 
 def seed_int(text: str) -> int:
-    """argparse type: a sampling seed, 0 to 2**63 - 1."""
-    return _int_in(text, 0, SEED_LIMIT - 1, "an integer from 0 to 2**63 - 1")
+    """argparse type: a sampling seed (the config's check, `check_seed`)."""
+    try:
+        value: object = int(text)
+    except ValueError:
+        value = text  # not a number: the check names the range
+    try:
+        return check_seed(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def fraction_below_one(text: str) -> float:
@@ -237,10 +245,10 @@ def run_generate(args: argparse.Namespace) -> int:
         return 0
     console.print()
     if context_full:  # finish "length" alone would read as --max-new-tokens reached
-        setting = getattr(decoder.target, "context_setting", None)
+        setting = decoder.target.context_setting
         err_console.print(f"[yellow]note:[/] stopped after {stats.new_tokens} of --max-new-tokens "
                           f"{config.max_new_tokens} tokens: the model's context of {decoder.target.max_length} "
-                          f"tokens is full" + (f" (raise {setting})" if setting else ""),
+                          f"tokens is full" + (f" (raise {cli_setting(setting, None)})" if setting else ""),
                           highlight=False, soft_wrap=True)
     _print_stats(stats, speculative)
     if baseline is not None:

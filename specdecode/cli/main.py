@@ -9,6 +9,7 @@ import sys
 
 from specdecode import __version__
 from specdecode.cli import audit, bench, generate, serve, theory
+from specdecode.cli.flags import cli_message
 from specdecode.cli.output import print_error, stdout
 
 
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush cannot fail again
         return 1
     except ValueError as exc:  # bad input: options, model files, prompts (every layer raises these)
-        print_error(str(exc))
+        print_error(cli_message(exc))
         return 2
     except OSError as exc:  # the file system or the network refused: say what, where, and how to fix it
         print_error(describe_os_error(exc))

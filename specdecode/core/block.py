@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 
 from specdecode.core.probs import sample_with_uniform
+from specdecode.core.tree import verify_tree
 from specdecode.core.verify import Randomness, VerifyResult, check_inputs
 
 
@@ -78,6 +79,10 @@ def verify_block(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Te
     residual = torch.where((residual.sum(-1) > 0).unsqueeze(-1), residual, p_next)
     y = sample_with_uniform(residual, rand.v)
     return VerifyResult.of(draft_tokens, tau, y)
+
+
+# a chain rule: a tree round takes the multi-candidate walk (core/tree.py), as under `verify`
+verify_block.tree_rule = verify_tree  # type: ignore[attr-defined]
 
 
 def verify_block_reference(draft_tokens: list[int], q: torch.Tensor | None, p: torch.Tensor,

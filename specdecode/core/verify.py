@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from specdecode.core.probs import sample_with_uniform
+from specdecode.core.tree import verify_tree
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +123,11 @@ def verify(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
     residual = torch.where((residual.sum(-1) > 0).unsqueeze(-1), residual, p_next)
     y = sample_with_uniform(residual, rand.v)
     return VerifyResult.of(draft_tokens, n, y)
+
+
+# the rule a tree round of this chain rule takes (a verification rule names its tree version; the
+# audit's broken controls name broken ones)
+verify.tree_rule = verify_tree  # type: ignore[attr-defined]
 
 
 def verify_reference(draft_tokens: list[int], q: torch.Tensor | None, p: torch.Tensor,

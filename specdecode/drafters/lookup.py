@@ -24,7 +24,7 @@ import torch
 
 from specdecode.checks import integer, real, require_integers
 from specdecode.core.probs import SamplingParams
-from specdecode.drafters.protocol import Proposal, Situation
+from specdecode.drafters.protocol import Drafter, Proposal, Situation
 from specdecode.drafters.renames import Renames, longer_match, new_renames
 
 
@@ -153,13 +153,14 @@ def lookup(context: Sequence[int], k: int, config: LookupConfig = LookupConfig()
     return index.propose(k)
 
 
-class LookupDrafter:
+class LookupDrafter(Drafter):
     """Drafter adapter around an NgramIndex kept in step with the growing context."""
+
+    free = True  # no model; q one-hot (drafters/protocol.py)
 
     def __init__(self, config: LookupConfig = LookupConfig()) -> None:
         self.config = config
         self.name = "lookup"
-        self.free = True  # no model; q one-hot (drafters/protocol.py)
         self.index = self._new_index()
 
     def _new_index(self) -> NgramIndex:

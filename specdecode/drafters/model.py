@@ -45,9 +45,8 @@ pool the alternatives of its depth are drawn from, so they never repeat it.
 
 from __future__ import annotations
 
-from typing import Generator, Sequence
-
 import time
+from typing import Sequence
 
 import torch
 
@@ -56,12 +55,7 @@ from specdecode.checks import integer
 from specdecode.core.probs import SamplingParams, argmax, logits_to_probs
 from specdecode.core.reproducible import sample_token
 from specdecode.core.tree import remove
-from specdecode.drafters.protocol import ContinuationSource, Proposal
-
-
-# a sequence's drafting as the passes it needs (ModelDrafter.drafting): yields Rows (the first may be
-# None), is sent their logits, returns the Proposal
-Drafting = Generator["Row | None", "torch.Tensor | None", Proposal]
+from specdecode.drafters.protocol import ContinuationSource, Drafter, Drafting, Proposal
 
 
 def draft_together(draftings: list[Drafting], steps: list[tuple[int, float]] | None = None) -> list[Proposal]:
@@ -100,7 +94,10 @@ def _one_hot(like: torch.Tensor, x: int) -> torch.Tensor:
     return torch.zeros_like(like).index_fill_(0, torch.tensor([x], device=like.device), 1.0)
 
 
-class ModelDrafter:
+class ModelDrafter(Drafter):
+    free = False  # each guess is a draft-model step
+    lockstep = True  # `drafting`: its steps run with the other rows' (`draft_together`)
+
     def __init__(self, model: Model, min_confidence: float = 0.0, tree: int = 0, min_gain: float = 0.02,
                  branches: ContinuationSource | None = None) -> None:
         if not 0.0 <= min_confidence < 1.0:
@@ -112,7 +109,6 @@ class ModelDrafter:
         self.tree, self.min_gain = tree, min_gain
         self.branches = branches  # a free drafter whose continuations join the tree (module docstring)
         self.name = "model"
-        self.free = False  # each guess is a draft-model step
         self._fed: list[int] = []  # the tokens whose K/V the draft cache holds, in order
 
     def reset(self) -> None:
@@ -121,9 +117,13 @@ class ModelDrafter:
         if self.branches is not None:
             self.branches.reset()
 
+    @property
+    def signature(self) -> str:
+        return f"{self.name}({self.model.signature})"
+
     def propose(self, context: Sequence[int], k: int, params: SamplingParams,
                 generator: torch.Generator) -> Proposal:
-        """`drafting` run alone. The loop runs `drafting` itself (with the batch's other rows), so a
+        """`drafting` run alone. The engine runs `drafting` itself (with the batch's other rows), so a
         subclass changes what it proposes there, not here."""
         return draft_together([self.drafting(context, k, params, generator)])[0]
 

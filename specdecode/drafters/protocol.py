@@ -8,10 +8,11 @@ drafter, whose q is one-hot at the proposed token.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Hashable, Protocol, Sequence
+from typing import Generator, Hashable, Protocol, Sequence
 
 import torch
 
+from specdecode.backends.protocol import Row
 from specdecode.core.probs import SamplingParams
 
 
@@ -77,15 +78,19 @@ class ContinuationSource(Protocol):
 
 
 class Drafter(Protocol):
+    """What proposes a round's drafts. What a drafter may do beyond `propose` is declared on it, with
+    a default here: a drafter subclasses `Drafter` and overrides what it has."""
+
     name: str
     # free: proposing runs no model and q is one-hot (prompt lookup, the suffix drafter). In rounds
-    # where adaptive K gives it K = 0 the loop still asks for its first token, and the target's p
-    # there tells the policy how often it would have been accepted. A free drafter is also a
-    # ContinuationSource (the loop asks `continuation(context, (), 1)`). Absent = False.
-    free: bool
-    # Optional: `situation(context) -> Hashable | None`, a class of this round (prompt lookup: its
-    # match's length) under which adaptive K keeps a separate acceptance estimate; a `Situation`
-    # also says what acceptance to assume before the request gives evidence for it.
+    # where adaptive K gives it K = 0 the engine still asks for its first token (`continuation(context,
+    # (), 1)`, which a free drafter has), and the target's p there tells the policy how often it would
+    # have been accepted.
+    free: bool = False
+    # lockstep: it drafts by steps of a draft model, which `drafting` yields so that the rows of a batch
+    # run each step in one pass (drafters/model.py's `draft_together`); it may fall behind the context
+    # (`lag`), and calibration times its catch-up.
+    lockstep: bool = False
 
     def reset(self) -> None:
         """A new request starts: forget its state (a drafter may keep a bounded history of earlier requests)."""
@@ -104,3 +109,33 @@ class Drafter(Protocol):
     def fork(self) -> "Drafter":
         """A drafter of the same kind for another sequence running at the same time (a batch
         slot): its own per-sequence state, the same weights."""
+
+    @property
+    def signature(self) -> str:
+        """What its cost depends on (the calibration file's key): its name, and a draft model's own."""
+        return self.name
+
+    def situation(self, context: Sequence[int]) -> Hashable | None:
+        """A class of this round (prompt lookup: its match's length) under which adaptive K keeps a
+        separate acceptance estimate; a `Situation` also says what acceptance to assume before the
+        request gives evidence for it. None: one estimate for every round."""
+        return None
+
+    def continuation(self, context: Sequence[int], path: Sequence[int], k: int) -> list[int]:
+        """A free drafter's: up to k tokens continuing context + path (a `ContinuationSource`)."""
+        raise NotImplementedError(f"{self.name} is not a free drafter")
+
+    def lag(self, context: Sequence[int]) -> int:
+        """A lockstep drafter's: tokens of `context` it must catch up on before drafting."""
+        return 0
+
+    def drafting(self, context: Sequence[int], k: int, params: SamplingParams,
+                 generator: torch.Generator) -> "Drafting":
+        """A lockstep drafter's `propose` as the passes it needs: yields each pass's Row (the first may
+        be None), is sent its logits, returns the Proposal."""
+        raise NotImplementedError(f"{self.name} does not draft in lockstep")
+
+
+# a lockstep drafter's drafting as the passes it needs (`Drafter.drafting`): yields Rows (the first
+# may be None), is sent their logits, returns the Proposal
+Drafting = Generator["Row | None", "torch.Tensor | None", Proposal]

@@ -47,7 +47,7 @@ import torch
 
 from specdecode.checks import integer, real, require_integers
 from specdecode.core.probs import SamplingParams
-from specdecode.drafters.protocol import Proposal
+from specdecode.drafters.protocol import Drafter, Proposal
 from specdecode.drafters.renames import longer_match, new_renames
 
 
@@ -133,8 +133,10 @@ class History:
             self.size -= len(old)
 
 
-class SuffixDrafter:
+class SuffixDrafter(Drafter):
     """Drafter over ContinuationCounts of the current request and of a bounded history of earlier ones."""
+
+    free = True  # no model; q one-hot (drafters/protocol.py)
 
     def __init__(self, config: SuffixConfig = SuffixConfig(), tree: int = 0, history: History | None = None) -> None:
         if integer(tree) is None or tree < 0:
@@ -144,7 +146,6 @@ class SuffixDrafter:
         self.config = config
         self.tree = tree
         self.name = "suffix"
-        self.free = True  # no model; q one-hot (drafters/protocol.py)
         self.current = ContinuationCounts(config)  # the current request's text, counted up to its end
         self.history = history if history is not None else History(config)  # shared with forks
         self.live: list[int] = []  # the current request's text

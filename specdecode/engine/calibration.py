@@ -1,10 +1,17 @@
-"""Adaptive K's measured costs, kept per machine, model, backend and drafter in the cache directory.
+"""Timing: adaptive K's measured costs, how they are measured, and where they are kept.
 
-Calibrating (timing target passes of 1..k_max+1 tokens and each drafter's step) takes seconds
-on the llama.cpp backend and minutes on a slow one; doing it once per machine
-keeps it out of every process's first request, and makes K, and so a seeded sample,
-the same in every process that reads the same file. `recalibrate=True` measures anew
-(and rewrites the file); delete the directory to forget every entry.
+A round's cost is measured as the round pays it (`time_pass`: the target's pass over n tokens and
+the work on its logits, as the verify stage does it), a drafter's as its marginal time per drafted
+token (`time_step`) and, for a lockstep drafter, per token it catches up on (`time_catchup`). Every
+measure runs in interleaved sweeps (`interleaved_medians`): a slow spell of a noisy machine slows
+every size alike, so the curve's shape and the draft/target ratio, which are all K depends on,
+survive it.
+
+Calibrating takes seconds on the llama.cpp backend and minutes on a slow one; the costs are kept per
+machine, model, backend and drafter in the cache directory (`CalibrationStore`), which keeps it out
+of every process's first request, and makes K, and so a seeded sample, the same in every process
+that reads the same file. `recalibrate=True` measures anew (and rewrites the file); delete the
+directory to forget every entry.
 """
 
 from __future__ import annotations
@@ -14,12 +21,21 @@ import json
 import math
 import os
 import platform
+import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Hashable, Sequence
 
+import torch
+
+from specdecode.backends.protocol import Model
+from specdecode.core.probs import SamplingParams, logits_to_probs
+from specdecode.core.verify import Randomness, verify
 from specdecode.drafters.protocol import Drafter
+from specdecode.engine.slot import Slot, prefill
+from specdecode.engine.verification import plain_token, verify_chains
 
 # The context a calibration measures after where no request gives one (a server's start, the bench): any
 # text will do, as the costs depend on the pass sizes and the context's length, not on the tokens.
@@ -41,25 +57,13 @@ def machine_id() -> str:
     return f"{cpu} x{cores}"
 
 
-def signature(model) -> str:
-    """What a model's speed depends on: its backend's own description if it has one, else its name."""
-    return str(getattr(model, "signature", None) or model.name)
-
-
-# what the stored costs measure; a file written under another version is measured anew
-# (2: a round's cost includes the work on the pass's logits, engine/loop.py's `time_pass`;
-# 3: a greedy round's verification draws no V-sized noise, 3.6 ms less on Qwen's vocabulary;
-# 4: no round draws V-sized noise: the last sample is an inverse CDF at one uniform;
-# 5: a plain greedy step builds no one-hot p, 0.2 ms less a step beside llama.cpp)
+# what the stored costs measure (a round as `time_pass` times it: its pass and the work on its logits);
+# a file written under another version is measured anew. Raise it when that work changes.
 COSTS_VERSION = 5
 
 
 def calibration_key(target, drafters: Sequence[Drafter]) -> str:
-    parts = [f"costs v{COSTS_VERSION}", machine_id(), signature(target)]
-    for d in drafters:
-        model = getattr(d, "model", None)
-        parts.append(d.name + (f"({signature(model)})" if model is not None else ""))
-    return " | ".join(parts)
+    return " | ".join([f"costs v{COSTS_VERSION}", machine_id(), target.signature, *(d.signature for d in drafters)])
 
 
 class CalibrationStore:
@@ -144,3 +148,87 @@ def _ignored(path: Path, problem: str) -> None:
     """One line on stderr naming the file and what is wrong with it; None, as `load` returns."""
     sys.stderr.write(f"specdecode: ignoring the calibration file {str(path)!r} ({problem}); measuring anew\n")
     return None
+
+
+def calibrate(policy, slot: Slot, prompt: Sequence[int], params: SamplingParams) -> None:
+    """Measure `policy`'s costs in `slot` after `prompt`: a round of each size (the target's pass and
+    the work on its logits, with `params`), each drafter's step and a lockstep drafter's catch-up
+    (the slot's caches reset after; the target holds prompt[:-1])."""
+    prompt = list(prompt)
+    target, drafters = slot.target, slot.drafters
+    prefill(target, drafters, prompt)
+    policy.calibrate(lambda n: time_pass(target, prompt[-1], n, params),
+                     {d.name: (lambda d=d: time_step(d, prompt, params)) for d in drafters},
+                     {d.name: (lambda d=d: time_catchup(d, prompt, params)) for d in drafters if d.lockstep})
+
+
+def interleaved_medians(measures: dict[Hashable, Callable[[], float | None]], sweeps: int) -> dict[Hashable, float]:
+    """One warm-up sweep (a shape's first pass is slow), then `sweeps` sweeps that each call every
+    measure in turn; the median per key (a measure returns None when it cannot run, e.g. a pass that
+    does not fit; a key with no time at all is left out)."""
+    samples: dict[Hashable, list[float]] = {key: [] for key in measures}
+    for sweep in range(1 + sweeps):
+        for key, measure in measures.items():
+            t = measure()
+            if sweep > 0 and t is not None:
+                samples[key].append(t)
+    return {key: statistics.median(ts) for key, ts in samples.items() if ts}
+
+
+def time_pass(target: Model, token: int, n: int, params: SamplingParams | None = None) -> float | None:
+    """Wall time of one target pass over n tokens, leaving the cache as it was (None: no room).
+
+    params: also time what a round does with the pass's logits (engine/verification.py): a plain
+    step's token (n = 1), or the probabilities of every row and the verification of n - 1 one-hot
+    drafts (the residual, its float64 cumulative sum and the accept tests), which on a CPU is part of
+    a round that drafts and so of what adaptive K must weigh. The calibrating request's sampling
+    prices every later request's rounds (as it prices the drafters' steps)."""
+    length = target.length
+    if length + n > target.max_length:
+        return None
+    t0 = time.perf_counter()
+    logits = target.forward([token] * n, n_logits=n)
+    if params is not None:
+        generator = torch.Generator().manual_seed(0)  # its own: no effect on any output
+        if n > 1:
+            p = logits_to_probs(logits, params)
+            verify_chains(verify, [[token] * (n - 1)], [None], [p], [Randomness.draw(1, n - 1, generator, p.device)])
+        else:
+            plain_token(logits[0], params, generator, length)
+    elapsed = time.perf_counter() - t0
+    target.truncate(length)
+    return elapsed
+
+
+def time_step(drafter: Drafter, prompt: list[int], params: SamplingParams) -> float | None:
+    """A drafter's marginal time per drafted token, measured on the prompt (state reset after)."""
+    t0 = time.perf_counter()
+    proposal = drafter.propose(prompt, 3, params, torch.Generator().manual_seed(0))  # own RNG: no effect on output
+    elapsed = time.perf_counter() - t0
+    drafter.reset()
+    if proposal.tokens and proposal.step_seconds is not None:
+        return proposal.step_seconds
+    return elapsed / max(1, len(proposal.tokens))  # e.g. lookup: the cost of looking
+
+
+def time_catchup(drafter: Drafter, prompt: list[int], params: SamplingParams, n: int = 16) -> float | None:
+    """A lockstep drafter's time per token to catch up on `n` tokens it has not seen (state reset after)."""
+    context = list(prompt) + [prompt[-1]] * n  # the ids do not change the cost
+    generator = torch.Generator().manual_seed(0)  # own RNG: no effect on output
+    drafter.propose(context[:-n], 1, params, generator)  # in sync up to n tokens before the end
+    t0 = time.perf_counter()
+    proposal = drafter.propose(context, 1, params, generator)  # catch up on n - 1, then one draft step
+    elapsed = time.perf_counter() - t0
+    drafter.reset()
+    if not proposal.tokens:
+        return None  # e.g. the draft's context is too short for the measurement
+    return max(0.0, elapsed - (proposal.step_seconds or 0.0)) / (n - 1)
+
+
+def measure_cost_curve(target: Model, ids: list[int], max_n: int, reps: int = 3) -> list[float]:
+    """Median wall time of a bare target pass over n = 1..max_n tokens after `ids` (the benchmark's
+    report of the curve), in interleaved sweeps as the calibration times it."""
+    prefill(target, [], ids)
+    medians = interleaved_medians({n: (lambda n=n: time_pass(target, ids[-1], n)) for n in range(1, max_n + 1)},
+                                  reps)
+    return [medians[n] for n in range(1, max_n + 1)]

@@ -4,26 +4,33 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdecode.checks import check_utf8, integer
+from specdecode.checks import SettingError, check_utf8, integer
 from specdecode.core import VERIFY_RULES
 from specdecode.core.probs import SamplingParams
 
 DRAFTER_CHOICES = ("auto", "model", "lookup", "suffix")  # SpeculativeDecoder.load(drafter=...), --drafter
-# prompt tokens per pass while requests run (engine/scheduler.py, --prefill-chunk). Measured on the
-# embedded pair, a 2,219-token prompt arriving beside two streams (benchmarks/prefill_stall.py, 2 runs):
-# the streams paused at most 4.6-6.4 s with 256, 10.3-10.5 s with 512, 3.6 s with 128 and 34-41 s
-# with the whole prompt in one pass; all three requests were done in 50-58 s with 256, 57 s with 512,
-# 47-58 s whole, 58-67 s with 128 (small pieces compute fewer prompt tokens a second).
+# the server's prompt tokens per pass while requests run (engine/scheduler.py, --prefill-chunk): smaller
+# pieces stall the running streams for less, larger ones compute more prompt tokens a second
+# (benchmarks/prefill_stall.py measures the trade)
 DEFAULT_PREFILL_TOKENS = 256
 
 # seeds are 0 .. SEED_LIMIT - 1: torch's generator keeps 63 bits of a seed, so s and s + 2**63 would draw
-# alike under two reported seeds (the CLI's and the server's checks name their option with this bound)
+# alike under two reported seeds
 SEED_LIMIT = 2 ** 63
 
 # reproducible sampling's acceptance is its own rule, so no other chain rule may be asked for (the server's
 # check names the field with this message)
 REPRODUCIBLE_VERIFIES_BY_EQUALITY = ("reproducible sampling verifies by equality with the target's own choice: "
                                      "leave verification at token")
+
+
+def check_seed(seed: object) -> int:
+    """`seed` as an int, or a ValueError naming the range: the one check of a seed, which the config,
+    the server's request schema and the CLI's --seed all use."""
+    value = integer(seed)
+    if value is None or not 0 <= value < SEED_LIMIT:
+        raise ValueError(f"must be an integer from 0 to 2**63 - 1, got {seed!r}")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,14 +49,16 @@ class GenerationConfig:
     reproducible: bool = False
 
     def __post_init__(self) -> None:
-        max_new_tokens, k, seed = integer(self.max_new_tokens), integer(self.k), integer(self.seed)
+        max_new_tokens, k = integer(self.max_new_tokens), integer(self.k)
         if max_new_tokens is None or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
         if self.k is not None and (k is None or k < 1):
-            raise ValueError(f"k must be an integer >= 1 (for plain decoding use --no-spec / "
-                             f"speculative=False), got {self.k!r}")
-        if seed is None or not 0 <= seed < SEED_LIMIT:
-            raise ValueError(f"seed must be an integer from 0 to 2**63 - 1, got {self.seed!r}")
+            raise SettingError(f"{{k}} must be an integer >= 1 (for plain decoding use {{speculative=False}}), "
+                               f"got {self.k!r}")
+        try:
+            seed = check_seed(self.seed)
+        except ValueError as exc:
+            raise ValueError(f"seed {exc}") from None
         # frozen: normalised once, here (numpy integers become ints)
         object.__setattr__(self, "max_new_tokens", max_new_tokens)
         object.__setattr__(self, "k", k)

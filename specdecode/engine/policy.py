@@ -7,7 +7,7 @@ Adaptive K maximises expected emitted tokens per second,
 the documents' optimal-K formula generalised to the measured verification-cost
 curve (`core.theory.CostModel`). It estimates:
 - T_verify(n), a round of n tokens without its drafting (the target pass over n tokens,
-  then the probabilities, sampling and verification on its logits: engine/loop.py's
+  then the probabilities, sampling and verification on its logits: engine/calibration.py's
   `time_pass`), and each drafter's step time, measured once in interleaved sweeps
   (`calibrate`, at the first request) and then kept fixed;
 - alpha per drafter, a running estimate from per-position accepted/tested counts with
@@ -34,9 +34,8 @@ expected tokens per second, (E_others + E[N](alpha, K)) / (T_batch(tokens_others
 the round's drafting. A draft model's steps run in lockstep (its s-th step is one pass over
 every row still drafting), so D = sum over s of T_d(rows drafting at step s), with T_d a
 lockstep step's cost by its rows: a row's K is charged what its steps add to the batch's,
-nearly nothing where the draft's curve is flat (a GPU); on this CPU a whole step for a
-second row, 3 ms for a fourth (the 0.5B draft on llama.cpp: 20/39/47/50 ms for 1-4 rows). Prompts' pieces in the
-same pass are left out (engine/loop.py's `speculative_rounds`). So K falls to 0 when the
+nearly nothing where the draft's curve is flat (a GPU), up to a whole step where it is steep.
+Prompts' pieces in the same pass are left out (engine/round.py's `plan`). So K falls to 0 when the
 batch already fills the machine, and rises where the curve is flat (a pass of 16 tokens
 costing little more than one of 8).
 T_batch is measured in the batch itself, on the rounds it runs (`observe_batch`: the
@@ -45,9 +44,8 @@ level shared by every size times a shape per size (`BatchCosts`, so a size not r
 while still follows the machine's drift), and taken from the calibrated curve at sizes not
 yet run (T_d: the draft's calibrated step scaled by the target's calibrated curve). A
 calibrated round is one sequence with one row's verification, which prices a batch's
-rounds wrongly by more than the gains at stake (llama.cpp here: 4 rows of one token
-measured 105-110 ms in the batch against a calibrated 134 ms for 4 tokens,
-so drafts that lose looked 3% ahead). Timings measured online make K depend on timing
+rounds wrongly by more than the gains at stake (a pass of several one-token rows can cost
+less than one sequence's pass of as many tokens, and drafts that lose then look ahead). Timings measured online make K depend on timing
 noise, but only in shared rounds, where K already depends on the neighbours: the
 law, never the sample, is what a batch promises.
 
@@ -56,11 +54,12 @@ K only decides how much work to speculate; it never changes the output law.
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field, replace
 from typing import Callable, Hashable, Protocol
 
 from specdecode.core.theory import CostModel, expected_tokens
+from specdecode.drafters.protocol import Situation
+from specdecode.engine.calibration import interleaved_medians
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,31 +204,29 @@ class _DrafterState:
 class AdaptiveK:
     """Per-round K from running estimates of alpha, draft cost and the verification-cost curve."""
 
-    # The most drafts a round may verify. On llama.cpp without repacked weights (the Intel VM) passes
-    # of 8 to 16 tokens cost the same (its tiled kernel, ~3.3 steps), so long copies draft 16: replayed
-    # on prompt lookup's recorded outputs, code editing 1.26x -> 1.33x of plain decoding (8 -> 16), no
-    # change elsewhere. Where that end of the curve is steep (repacked weights: 6-7 steps) the costs
-    # keep K short; only the calibration measures the larger passes too.
+    # The most drafts a round may verify. Where a backend's passes of 8 to 16 tokens cost about the
+    # same (a tiled kernel), long copies pay for drafting 16; where that end of the curve is steep the
+    # costs keep K short. Only the calibration measures the larger passes too.
     k_max: int = 16
     # Before evidence, assume a good draft, held lightly: drafting one token too many costs
-    # t_draft (a sixth of a pass with the default draft), one too few forgoes up to a whole
-    # token; the embedded pair measures alpha 0.65 (chat) to 0.91 (code). Two rejections
-    # bring the estimate down to 0.4 within the first rounds.
+    # t_draft (a fraction of a pass), one too few forgoes up to a whole token, and a draft of the
+    # target's family is accepted well over half the time. Two rejections bring the estimate down
+    # to 0.4 within the first rounds.
     prior_alpha: float = 0.8
     prior_weight: float = 2.0  # worth this many tested positions
     # ... but a situation's estimate starts neutral: the drafters that report situations (prompt
     # lookup) are free and heard through shadows, so a class can earn its drafts by evidence at no
-    # cost, where optimism paid a rejected pass for every new class (codegen lost 0.9% so, measured)
+    # cost, where optimism would pay a rejected pass for every new class
     situation_prior: float = 0.5
     # ... unless the drafter measured the class (`drafters.protocol.Situation.prior`): that prior is
-    # held as firmly as this many tested positions. Replayed on the embedded pair's greedy outputs
-    # (benchmarks/lookup_bound.py), 4 beat 1, 2 and 8 on all three prompt sets.
+    # held as firmly as this many tested positions (chosen by replaying recorded outputs:
+    # benchmarks/lookup_bound.py).
     measured_prior_weight: float = 4.0
     forget: float = 0.98  # per-round decay of old acceptance evidence
     ema: float = 0.2  # weight of a new timing observation
     explore_every: int = 16  # try K=1 after this many rounds without drafting, to keep measuring
     # ... but only a drafter that would pay at this acceptance: where even a near-perfect draft
-    # loses (the 0.5B draft against llama.cpp's steep batched-pass curve on CPU), a test round
+    # loses (a draft model against a steep pass curve), a test round
     # only costs (a pass of 2 tokens and the draft's catch-up on everything it skipped)
     explore_alpha: float = 0.95
     pad_gain: float = 0.9  # pad only when the bigger pass is at least 10% cheaper (beyond timing noise)
@@ -251,7 +248,7 @@ class AdaptiveK:
     # acceptance evidence by drafter, or by (drafter, situation) for a drafter that reports one
     drafters: dict[Hashable, _DrafterState] = field(default_factory=dict)
     # `_effective_curve` for the t_verify it was computed from: it is asked ~3 times a round and costs
-    # O(k_max^2); with it, choosing K took 0.16 ms a round, 0.5% of a 31 ms plain step on the EPYC
+    # O(k_max^2), so it is computed once per curve
     _curve: tuple[tuple | None, tuple[float, ...]] = field(default=(None, ()), init=False, repr=False,
                                                           compare=False)
 
@@ -266,8 +263,8 @@ class AdaptiveK:
         s = self._state(drafter, situation)
         prior, weight = self.prior_alpha, self.prior_weight
         if situation is not None:
-            measured = getattr(situation, "prior", None)  # a drafters.protocol.Situation
-            prior, weight = (self.situation_prior, weight) if measured is None else (measured, self.measured_prior_weight)
+            prior, weight = (situation.prior, self.measured_prior_weight) if isinstance(situation, Situation) \
+                else (self.situation_prior, weight)
         return (s.accepted + prior * weight) / (s.tested + weight)
 
     def cost_model(self, drafter: str, lag: int = 0) -> CostModel:
@@ -306,8 +303,8 @@ class AdaptiveK:
     def _t_draft_step(self, drafter: str, rows: int) -> float:
         """T_d(rows): one lockstep draft step of `rows` sequences as measured in the batch, else the
         drafter's calibrated one-sequence step scaled by the target's calibrated curve, T(rows) / T(1)
-        (the draft is a smaller model on the same kernels: llama.cpp here, a 4-row step of the 0.5B
-        draft measured 2.5-2.7x its one-row step where the target's 4-token pass is 2.9x)."""
+        (the draft is a smaller model on the same kernels: its step grows with rows about as the
+        target's pass grows with tokens)."""
         if rows < 1:
             return 0.0
         t_step = self.t_step.get(drafter, self._t(1) / self.prior_c)
@@ -333,8 +330,8 @@ class AdaptiveK:
 
     def choose(self, drafter: str, lag: int = 0, load: BatchLoad = ALONE, situation: Hashable = None) -> int:
         """The K that maximises expected tokens per second this round, counting the catch-up a
-        lagging draft model must do first (on llama.cpp a 16-token catch-up of the 0.5B draft
-        costs ~3 target steps: a test round every 16 would have cost 30% of plain speed)."""
+        lagging draft model must do first (a long catch-up can cost several target steps: a test round
+        after every pause would cost more than it could win)."""
         s = self._state(drafter, situation)
         best = lambda alpha: self._best_k(drafter, alpha, lag, load)  # noqa: E731
         k = best(self.alpha(drafter, situation))
@@ -427,7 +424,7 @@ class AdaptiveK:
 
         Interleaving matters on a noisy machine: a slow spell slows every size (and the drafters)
         alike, so the curve's shape and the draft/target ratio, which are all K depends on,
-        survive noise that moves their level (timed size by size, T(1) varied 130-250 ms here).
+        survive noise that moves their level (engine/calibration.py's `interleaved_medians`).
         """
         medians = interleaved_medians(
             {**{("pass", n): (lambda n=n: time_pass(n)) for n in sorted({*range(1, self.k_max + 2), *self.batch_sizes})},
@@ -455,14 +452,8 @@ class AdaptiveK:
         return self.drafters.setdefault(drafter if situation is None else (drafter, situation), _DrafterState())
 
 
-def interleaved_medians(measures: dict[Hashable, Callable[[], float | None]], sweeps: int) -> dict[Hashable, float]:
-    """One warm-up sweep, then `sweeps` sweeps that each call every measure in turn; the median
-    per key (a measure returns None when it cannot run, e.g. a pass that does not fit; a key
-    with no time at all is left out)."""
-    samples: dict[Hashable, list[float]] = {key: [] for key in measures}
-    for sweep in range(1 + sweeps):
-        for key, measure in measures.items():
-            t = measure()
-            if sweep > 0 and t is not None:
-                samples[key].append(t)
-    return {key: statistics.median(ts) for key, ts in samples.items() if ts}
+def batch_pass_sizes(max_batch: int, k_max: int) -> tuple[int, ...]:
+    """Pass sizes beyond k_max + 1 whose cost a batch's K policy needs (the curve between them is
+    interpolated): every size up to 16 (where CPU kernels change tiling), then sparser."""
+    top = max_batch * (k_max + 1)
+    return tuple(n for n in (*range(k_max + 2, 17), 20, 24, 32, 48, 64, 96, 128) if n <= max(top, k_max + 2))

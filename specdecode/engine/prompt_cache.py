@@ -2,10 +2,9 @@
 
 The scheduler's slots keep their last request's context (engine/scheduler.py), but a slot
 that takes a different prompt overwrites it. Before that happens the scheduler copies the
-context's K/V here (`Model.snapshot`: under a millisecond for a few hundred tokens on
-llama.cpp, against ~20 ms a token to compute them again on a 2-core CPU), and a later
-prompt that starts the same way (a shared system prompt, a chat's earlier turns, a retried
-request) is restored into its slot (`Model.restore`) instead of prefilled: only the rest of
+context's K/V here (`Model.snapshot`: a copy costs far less than computing the tokens
+again), and a later prompt that starts the same way (a shared system prompt, a chat's earlier
+turns, a retried request) is restored into its slot (`Model.restore`) instead of prefilled: only the rest of
 the prompt is computed. llama.cpp's server keeps such a cache too (`--cache-ram`).
 
 The cached values are the target's own K/V for those tokens, so decoding after a restore is

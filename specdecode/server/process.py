@@ -25,7 +25,10 @@ class _H11(H11Protocol):
     a request (a client that connects and says nothing, sends its headers slowly, or stops sending its
     body) would be held forever. Here the same timeout also applies from connecting, or from the last
     response, to a complete request head, and then to each piece of its body (a slow upload that keeps
-    sending is not cut; one that stalls is)."""
+    sending is not cut; one that stalls is).
+
+    It reads H11Protocol's private state (`cycle`, `flow`, `timeout_keep_alive`, `loop`): uvicorn is
+    pinned to the release it is tested against (pyproject.toml, tests/server/test_process.py)."""
 
     _head_timer: asyncio.TimerHandle | None = None
 

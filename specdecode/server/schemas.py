@@ -15,8 +15,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from specdecode.engine.config import REPRODUCIBLE_VERIFIES_BY_EQUALITY, SEED_LIMIT
-
+from specdecode.engine.config import REPRODUCIBLE_VERIFIES_BY_EQUALITY, check_seed
 
 
 class FieldError(ValueError):
@@ -37,6 +36,7 @@ def _encodable(s: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_encodable)]
+Seed = Annotated[int, AfterValidator(check_seed)]  # 0 .. 2**63 - 1, the engine's range (OpenAI's is int64)
 
 # Unsupported fields and the values at which they do nothing (so clients that send defaults still work).
 _NO_OP = {
@@ -95,7 +95,7 @@ class _Common(_Strict):
     top_k: int = Field(default=0, ge=-1)  # 0 = off; -1 = off too (vLLM's way of saying it), read as 0
     min_p: float = Field(default=0.0, ge=0.0, le=1.0, allow_inf_nan=False)  # 0 = off
     stop: Text | list[Text] | None = None
-    seed: int | None = None  # 0 .. 2^63 - 1 (engine.config.SEED_LIMIT: no two seeds sample alike); OpenAI: int64
+    seed: Seed | None = None
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -126,13 +126,6 @@ class _Common(_Strict):
     @classmethod
     def _top_k_off(cls, v: int) -> int:
         return max(v, 0)  # -1 and 0 both mean off: the engine knows one of them
-
-    @field_validator("seed")
-    @classmethod
-    def _seed_range(cls, v: int | None) -> int | None:
-        if v is not None and not 0 <= v < SEED_LIMIT:
-            raise ValueError(f"must be an integer from 0 to 2^63 - 1 ({SEED_LIMIT - 1}), got {v}")
-        return v
 
     @field_validator("n")
     @classmethod

@@ -1,17 +1,17 @@
 """The generation queue: requests wait in a bounded FIFO; one worker thread batches them.
 
 The event loop never runs model code: handlers submit a Job and await its events,
-which the worker pushes thread-safely. The worker runs continuous batching
-(`engine.scheduler.Scheduler`): between two rounds it admits waiting jobs in arrival
-order into free slots (up to the decoder's max_batch running at once), then runs one
-round of every running job in one target pass, with the next piece of the new jobs'
+which the worker pushes thread-safely. The worker drives the decoder's engine
+(engine/engine.py), scheduled for serving: between two rounds it admits waiting jobs in
+arrival order into free slots (up to the decoder's max_batch running at once), then runs
+one round of every running job in one target pass, with the next piece of the new jobs'
 prompts in it (chunked prefill: --prefill-chunk tokens a round, so running streams do
 not stall), and pushes each job's new text. A job that
 ends leaves the batch at once and frees its slot for the next (its context stays in the slot,
 and goes to the prompt cache in host memory before another prompt overwrites it).
 
 Failure: a request whose round fails ends with a 500 naming the error; the requests batched beside it
-go on (the scheduler reruns a failed shared round row by row to find the one at fault).
+go on (the engine reruns a failed shared round row by row to find the one at fault).
 
 Cancellation: a client that disconnects sets `job.cancelled`; the worker checks it
 before every round (so it stops within one round) and frees the job's slot. A
@@ -30,9 +30,10 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from specdecode.engine.config import DEFAULT_PREFILL_TOKENS, GenerationConfig
-from specdecode.engine.decoder import Chunk, SpeculativeDecoder
-from specdecode.engine.scheduler import Scheduler
+from specdecode.engine.decoder import SpeculativeDecoder
+from specdecode.engine.scheduler import SchedulerConfig
 from specdecode.engine.stats import GenerationStats
+from specdecode.engine.text import Chunk
 from specdecode.server.metrics import Metrics
 
 
@@ -73,7 +74,9 @@ class GenerationQueue:
         if max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {max_queue}")
         self.decoder, self.metrics, self.max_queue = decoder, metrics, max_queue
-        self.scheduler = Scheduler(decoder, prefill_tokens, cache_bytes=prompt_cache_bytes, isolate=True)
+        # a server owns its models: contexts are kept across requests, and a request whose round fails
+        # ends alone (its neighbours go on)
+        decoder.set_scheduling(SchedulerConfig(prefill_tokens, prompt_cache_bytes, isolate=True, persistent=True))
         self._waiting: deque[Job] = deque()
         self._running: set[Job] = set()  # read by abort_all from another thread: under _cond
         self._closed: str | None = None  # the shutdown message once abort_all ran
@@ -122,9 +125,9 @@ class GenerationQueue:
     def _next(self) -> Job | None:
         """The next waiting job, if a slot is free (None: none now). Blocks while idle."""
         with self._cond:
-            while not self._waiting and not self.scheduler.running and not self._stop:
+            while not self._waiting and not self.decoder.scheduler.running and not self._stop:
                 self._cond.wait()
-            if self._stop or not self._waiting or not self.scheduler.can_admit():
+            if self._stop or not self._waiting or not self.decoder.can_admit():
                 return None
             job = self._waiting.popleft()
             self._running.add(job)
@@ -141,18 +144,18 @@ class GenerationQueue:
         """Admit what fits, drop what was cancelled, run a round."""
         while (job := self._next()) is not None:
             self._admit(job)
-        for active in list(self.scheduler.running):
-            if active.key.cancelled.is_set():  # the client left (or the server aborted it)
-                self.scheduler.release(active)
-                self._end(active.key, cancelled=True)
-        if self.scheduler.running:
+        for request in list(self.decoder.scheduler.running):
+            if request.key.cancelled.is_set():  # the client left (or the server aborted it)
+                self.decoder.abort(request)
+                self._end(request.key, cancelled=True)
+        if self.decoder.scheduler.running:
             self._round()
 
     def _fail_running(self, exc: Exception) -> None:
         """End every running job with a 500 naming `exc`, their slots freed with caches dropped."""
-        for active in list(self.scheduler.running):
+        for request in list(self.decoder.scheduler.running):
             try:
-                self.scheduler.release(active, failed=True)
+                self.decoder.scheduler.release(request, failed=True)
             except Exception:  # its slot could not even be emptied: it stays out of use, the others serve on
                 pass
         with self._cond:
@@ -167,7 +170,8 @@ class GenerationQueue:
             self._end(job, cancelled=True, started=False)
             return
         try:
-            self.scheduler.admit(job, job.ids, job.config, job.speculative, job.stats)
+            self.decoder.add_request(job.ids, job.config, key=job, speculative=job.speculative, stats=job.stats,
+                                     text=True)
         except Exception as exc:  # report to the client; the server keeps serving
             job.push("error", (400 if isinstance(exc, ValueError) else 500, f"{type(exc).__name__}: {exc}"))
             self._end(job, started=False)
@@ -175,24 +179,25 @@ class GenerationQueue:
         self.metrics.running.inc()
 
     def _round(self) -> None:
-        isolated = self.scheduler.isolated
-        results = self.scheduler.step()  # a request whose round failed comes back with its error
-        self.metrics.isolated.inc(self.scheduler.isolated - isolated)
-        if self.scheduler.pass_tokens:  # the whole pass: new requests' prompts ride in it too
-            self.metrics.pass_tokens.observe(self.scheduler.pass_tokens)
-            self.metrics.batch_size.observe(self.scheduler.pass_rows)
-        for active, chunks in results:
-            job = active.key
-            if active.error is not None:  # this request alone: the rest of the batch goes on
-                job.push("error", (500, f"{type(active.error).__name__}: {active.error}"))
+        engine = self.decoder
+        isolated = engine.isolated
+        advanced = engine.step()  # a request whose round failed comes back with its error
+        self.metrics.isolated.inc(engine.isolated - isolated)
+        if engine.pass_tokens:  # the whole pass: new requests' prompts ride in it too
+            self.metrics.pass_tokens.observe(engine.pass_tokens)
+            self.metrics.batch_size.observe(engine.pass_rows)
+        for request in advanced:
+            job = request.key
+            if request.error is not None:  # this request alone: the rest of the batch goes on
+                job.push("error", (500, f"{type(request.error).__name__}: {request.error}"))
                 self._end(job)
                 continue
-            for chunk in chunks:
+            for chunk in request.take():
                 if chunk.tokens and job.t_first is None:
                     job.t_first = time.perf_counter()
                     self.metrics.ttft.observe(job.t_first - job.t_submit)
                 job.push("chunk", chunk)
-            if active.seq.finished:
+            if request.finished:
                 self._end(job)
                 job.push("done", job.stats)
 

@@ -9,7 +9,7 @@ from specdecode.backends.hf import HFModel
 from specdecode.core.probs import GREEDY
 from specdecode.drafters.model import ModelDrafter
 from specdecode.engine.config import GenerationConfig
-from specdecode.engine.loop import generate_tokens
+from specdecode.engine.engine import generate_tokens
 from tests.tiny import tiny_model
 
 

@@ -5,11 +5,12 @@ import random
 import pytest
 import torch
 
+from specdecode.backends.protocol import Model
 from specdecode.core.probs import GREEDY
 from specdecode.drafters.lookup import LookupConfig, LookupDrafter, lookup
 from specdecode.drafters.renames import Renames
 from specdecode.engine.config import GenerationConfig
-from specdecode.engine.loop import generate_tokens
+from specdecode.engine.engine import generate_tokens
 from specdecode.engine.policy import FixedK
 from specdecode.engine.stats import GenerationStats
 
@@ -96,7 +97,7 @@ def test_the_drafter_fed_piece_by_piece_equals_the_pure_function():
     assert learned >= 30, learned
 
 
-class ScriptTarget:
+class ScriptTarget(Model):
     """A target whose greedy choice after position i is script[i + 1], whatever was fed (a recorded
     greedy output played back: a draft is judged against the script at its position)."""
 

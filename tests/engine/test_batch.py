@@ -26,13 +26,15 @@ from specdecode.core.verify import VerifyResult
 from specdecode.drafters.lookup import LookupDrafter
 from specdecode.drafters import model as draft_model
 from specdecode.drafters.model import ModelDrafter
-from specdecode.engine import loop
-from specdecode.engine.config import GenerationConfig
+from specdecode.engine import engine as engine_module, round
+from specdecode.engine.config import DEFAULT_PREFILL_TOKENS, GenerationConfig
 from specdecode.engine.decoder import SpeculativeDecoder
-from specdecode.engine.loop import new_sequence, start, step
+from specdecode.engine.engine import Engine
+from specdecode.engine.request import State
 from specdecode.engine.policy import ALONE, AdaptiveK, BatchLoad, _DrafterState
-from specdecode.engine.scheduler import Scheduler
-from specdecode.engine.sequence import Slot
+from specdecode.engine.round import run_round
+from specdecode.engine.scheduler import SchedulerConfig
+from specdecode.engine.slot import Slot, prefill
 from tests.engine.test_sampling_exact import PROMPT, V, joint_p_value, pair  # noqa: F401 (a fixture)
 from tests.tiny import char_tokenizer, tiny_pair
 
@@ -59,6 +61,25 @@ def alone(decoder, prompts=PROMPTS, configs=CONFIGS, speculative=True):
     return [decoder.generate(p, c, speculative=speculative) for p, c in zip(prompts, configs)]
 
 
+def engine(decoder, prefill_tokens=DEFAULT_PREFILL_TOKENS, prompt_cache_bytes=0, patience=4, isolate=False):
+    """An engine scheduled as a server's (contexts kept across its requests) over `decoder`'s weights and
+    drafters, with caches of its own (its target's siblings): `decoder`, whose runs the tests compare
+    with, never touches them, nor they its."""
+    return SpeculativeDecoder(decoder.target.sibling(), decoder.tokenizer, [d.fork() for d in decoder.drafters],
+                              eos_ids=decoder.eos_ids, policy=decoder.policy, max_batch=decoder.max_batch,
+                              scheduling=SchedulerConfig(prefill_tokens, prompt_cache_bytes, patience, isolate,
+                                                         persistent=True))
+
+
+def admit(engine, key, ids, config, speculative=True):
+    return engine.add_request(ids, config, key=key, speculative=speculative, text=True)
+
+
+def step(engine):
+    """One round: (request, its new chunks) for each request it advanced."""
+    return [(r, r.take()) for r in engine.step()]
+
+
 def test_batched_sequences_equal_their_solo_runs(decoder):
     solo = alone(decoder)
     batched = decoder.generate_many(PROMPTS, CONFIGS)
@@ -79,26 +100,26 @@ def test_plain_and_speculative_rows_mix(decoder):
 
 def test_a_cancelled_sequence_leaves_the_others_untouched(decoder):
     solo = alone(decoder, PROMPTS[:3], CONFIGS[:3])
-    scheduler = Scheduler(decoder)
-    active = [scheduler.admit(i, decoder.encode(PROMPTS[i]), CONFIGS[i]) for i in range(3)]
+    scheduler = engine(decoder)
+    active = [admit(scheduler, i, decoder.encode(PROMPTS[i]), CONFIGS[i]) for i in range(3)]
     out = {i: [] for i in range(3)}
     rounds = 0
-    while scheduler.running:
-        for a, chunks in scheduler.step():
+    while scheduler.scheduler.running:
+        for a, chunks in step(scheduler):
             out[a.key] += [t for c in chunks for t in c.tokens]
         rounds += 1
         if rounds == 2:
-            scheduler.release(active[1])  # its client left
-            assert len(scheduler.free) == 2
+            scheduler.abort(active[1])  # its client left
+            assert len(scheduler.scheduler.free) == 2
     assert out[0] == solo[0].tokens and out[2] == solo[2].tokens
     assert out[1] == solo[1].tokens[:len(out[1])] and len(out[1]) < len(solo[1].tokens)
-    assert len(scheduler.free) == 4
+    assert len(scheduler.scheduler.free) == 4
 
 
 def test_rows_mixed_up_in_the_pass_are_caught(decoder, monkeypatch):
     """Negative control: the check above must fail when rows see each other's logits."""
     real = protocol.forward_batch
-    monkeypatch.setattr(loop, "forward_batch", lambda rows: real(rows)[-1:] + real(rows)[:-1] if len(rows) > 1
+    monkeypatch.setattr(round, "forward_batch", lambda rows: real(rows)[-1:] + real(rows)[:-1] if len(rows) > 1
                         else real(rows))
     solo = alone(decoder, PROMPTS[:3], CONFIGS[:3])
     with pytest.raises((AssertionError, RuntimeError, ValueError, IndexError)):
@@ -117,12 +138,12 @@ def test_generate_many_validates(decoder):
 
 
 def test_step_refuses_finished_sequences(decoder):
-    seq = new_sequence(decoder.slots[0], [1, 2, 3], GenerationConfig(max_new_tokens=1), frozenset())
-    start(seq)
-    step([seq])
+    scheduler = engine(decoder)
+    seq = scheduler.add_request([1, 2, 3], GenerationConfig(max_new_tokens=1))
+    scheduler.step()
     assert seq.finished
     with pytest.raises(ValueError, match="finished"):
-        step([seq])
+        run_round([seq])
 
 
 def test_batch_policy_stops_speculating_when_the_pass_is_full():
@@ -147,13 +168,11 @@ def test_a_prompts_piece_does_not_make_drafts_look_free(decoder, monkeypatch):
     real = AdaptiveK.choose
     monkeypatch.setattr(AdaptiveK, "choose", lambda self, d, lag=0, load=ALONE, situation=None: loads.append(load)
                         or real(self, d, lag, load, situation))
-    seqs = [new_sequence(slot, decoder.encode(p), CONFIGS[2], frozenset([0]), policy=decoder.policy.for_request())
-            for slot, p in zip(decoder.slots, PROMPTS[:2])]
-    for seq in seqs:
-        start(seq)
-    other = decoder.slots[2].target
-    loop.prefill(other, [], decoder.encode(PROMPTS[3]), run=False)
-    step(seqs, [protocol.Row(other, decoder.encode(PROMPTS[3] * 3), 1)])
+    scheduler = engine(decoder)
+    seqs = [scheduler.add_request(decoder.encode(p), CONFIGS[2]) for p in PROMPTS[:2]]  # each its own policy
+    other = scheduler.slots[2].target
+    prefill(other, [], decoder.encode(PROMPTS[3]), run=False)
+    run_round(seqs, [protocol.Row(other, decoder.encode(PROMPTS[3] * 3), 1)])
     assert loads and all(load.tokens <= 1 + 4 + 1 for load in loads)  # the other row (K <= 4), not 93 more
 
 
@@ -163,22 +182,20 @@ def test_a_shared_round_reports_its_cost_once_per_row_without_prompt_pieces(deco
     too), nor does a round whose rows feed their prompts' rest (the first), nor a lone row's."""
     reports = []
     monkeypatch.setattr(AdaptiveK, "observe_batch", lambda self, n, t, rows: reports.append((id(self), n, t, rows)))
-    seqs = [new_sequence(slot, decoder.encode(p), CONFIGS[2], frozenset([0]), policy=decoder.policy.for_request())
-            for slot, p in zip(decoder.slots, PROMPTS[:3])]
-    for seq in seqs:
-        start(seq)
+    scheduler = engine(decoder)
+    seqs = [scheduler.add_request(decoder.encode(p), CONFIGS[2]) for p in PROMPTS[:3]]
     assert all(seq.unfed for seq in seqs[:2])  # "a" has no rest
-    step(seqs)
+    run_round(seqs)
     assert reports == [] and not any(seq.unfed for seq in seqs)
-    step(seqs)
+    run_round(seqs)
     verified = sum(seq.stats.rounds[-1].verified for seq in seqs)
     assert len({r[0] for r in reports}) == 3 and all(r[1:] == reports[0][1:] for r in reports)
     assert reports[0][1] == verified and reports[0][3] == 3 and reports[0][2] > 0
     reports.clear()
-    other = decoder.slots[3].target
-    loop.prefill(other, [], decoder.encode(PROMPTS[3]), run=False)
-    step(seqs, [protocol.Row(other, decoder.encode(PROMPTS[3]), 1)])
-    step(seqs[:1])
+    other = scheduler.slots[3].target
+    prefill(other, [], decoder.encode(PROMPTS[3]), run=False)
+    run_round(seqs, [protocol.Row(other, decoder.encode(PROMPTS[3]), 1)])
+    run_round(seqs[:1])
     assert reports == []
 
 
@@ -198,13 +215,11 @@ def test_lockstep_draft_steps_report_their_cost_by_rows(monkeypatch):
     monkeypatch.setattr(AdaptiveK, "choose", lambda self, d, lag=0, load=ALONE, situation=None: loads.append(load)
                         or real(self, d, lag, load, situation))
     caps = [4, 2, 3]  # each row's k_max, so the rows leave the lockstep at different steps
-    seqs = [new_sequence(slot, decoder.encode(p), GenerationConfig(max_new_tokens=20, sampling=GREEDY),
-                         frozenset([0]), policy=dataclasses.replace(decoder.policy.for_request(), k_max=cap))
-            for slot, p, cap in zip(decoder.slots, PROMPTS[:3], caps)]
-    for seq in seqs:
-        start(seq)
+    seqs = [decoder.add_request(decoder.encode(p), GenerationConfig(max_new_tokens=20, sampling=GREEDY),
+                                policy=dataclasses.replace(decoder.policy.for_request(), k_max=cap))
+            for p, cap in zip(PROMPTS[:3], caps)]
     loads.clear()
-    step(seqs)
+    run_round(seqs)
     ks = [seq.stats.rounds[-1].drafted for seq in seqs]
     assert ks == caps  # every row drafted to its cap: a flat curve and near-free draft steps
     assert [load.lockstep for load in loads] == [(), (("model", 4),), (("model", 4), ("model", 2))]
@@ -214,27 +229,31 @@ def test_lockstep_draft_steps_report_their_cost_by_rows(monkeypatch):
         mine = [r for r in reports if r[0] == id(seq.policy)]
         assert [r[2] for r in mine] == steps and all(r[1] == "model" and r[3] > 0 and r[4] == 3 for r in mine)
     reports.clear()
-    step(seqs[:1])
+    run_round(seqs[:1])
     assert reports == []
+    for seq in seqs:
+        decoder.abort(seq)
 
 
 def batched_p_value(target, draft, params, rule=None, n=1500) -> float:
     """p-value of the first two tokens of PROMPT decoded as the middle row of a batch of three."""
     slots = [Slot(target, (ModelDrafter(draft),))] + [Slot(target.sibling(), (ModelDrafter(draft.sibling()),))
                                                       for _ in range(2)]
+    batch = Engine(slots, frozenset())
     counts = {key: 0 for key in itertools.product(range(V), repeat=2)}
     multi = 0
     for seed in range(n):
-        seqs = [new_sequence(slots[0], [3, 1, 4], GenerationConfig(max_new_tokens=6, sampling=params, k=3,
-                                                                     seed=10_000 + seed), frozenset()),
-                new_sequence(slots[1], PROMPT, GenerationConfig(max_new_tokens=3, sampling=params, k=2, seed=seed),
-                             frozenset(), rule=rule),
-                new_sequence(slots[2], [5, 5], GenerationConfig(max_new_tokens=4, sampling=params, k=1,
-                                                                seed=20_000 + seed), frozenset())]
-        for seq in seqs:
-            start(seq)
+        seqs = [batch.add_request([3, 1, 4], GenerationConfig(max_new_tokens=6, sampling=params, k=3,
+                                                               seed=10_000 + seed)),
+                batch.add_request(PROMPT, GenerationConfig(max_new_tokens=3, sampling=params, k=2, seed=seed),
+                                  rule=rule),
+                batch.add_request([5, 5], GenerationConfig(max_new_tokens=4, sampling=params, k=1,
+                                                           seed=20_000 + seed))]
+        assert [seq.slot for seq in seqs] == slots  # the middle row of the pass
         while len(seqs[1].tokens) < 2:
-            step([s for s in seqs if not s.finished])
+            batch.step()
+        for seq in seqs:
+            batch.abort(seq)
         counts[tuple(seqs[1].tokens[:2])] += 1
         multi += seqs[1].stats.rounds[0].accepted >= 1
     assert multi >= 0.05 * n  # the second draft's test was reached often enough to matter
@@ -258,8 +277,8 @@ def test_batched_negative_control_fails(pair):
 def record_passes(monkeypatch) -> list[list[tuple[object, int]]]:
     """Every target pass from now on: (the row's model, its tokens) per row."""
     passes = []
-    real = loop.forward_batch
-    monkeypatch.setattr(loop, "forward_batch", lambda rows: passes.append([(r.model, len(r.tokens)) for r in rows])
+    real = round.forward_batch
+    monkeypatch.setattr(round, "forward_batch", lambda rows: passes.append([(r.model, len(r.tokens)) for r in rows])
                         or real(rows))
     return passes
 
@@ -271,49 +290,50 @@ def test_a_long_prompt_runs_in_pieces_beside_the_running_rows(decoder, monkeypat
     that leaves mid-prompt frees its slot for the next, which decodes what it decodes alone."""
     passes = record_passes(monkeypatch)
     bound = 10
-    scheduler = Scheduler(decoder, prefill_tokens=bound)
+    scheduler = engine(decoder, prefill_tokens=bound)
     short, long_ = PROMPTS[1], PROMPTS[3] + " " + PROMPTS[5] + " " + PROMPTS[3]
     out: dict[str, list[int]] = {}
 
-    def step():
-        for a, chunks in scheduler.step():
+    def run_step():
+        for a, chunks in step(scheduler):
             out.setdefault(a.key, []).extend(t for c in chunks for t in c.tokens)
 
-    first = scheduler.admit("a", decoder.encode(short), CONFIGS[0], speculative=False)
-    step()
+    first = admit(scheduler, "a", decoder.encode(short), CONFIGS[0], speculative=False)
+    run_step()
     assert scheduler.can_admit()  # a free slot is all it takes: the prompt waits its turn in pieces
-    second = scheduler.admit("b", decoder.encode(long_), CONFIGS[4], speculative=False)
+    second = admit(scheduler, "b", decoder.encode(long_), CONFIGS[4], speculative=False)
     n_prompt = len(decoder.encode(long_)) - 1  # the last token is the first round's `pending`
     assert n_prompt > 3 * bound
     n_before = len(passes)
-    while not second.seq.tokens:
-        step()
+    while not second.tokens:
+        assert second.state is State.PREFILLING
+        run_step()
     prompt_passes = passes[n_before:]  # the last: its last piece and first token's step, in one row
-    pieces = [n for pass_ in prompt_passes for model, n in pass_ if model is second.seq.slot.target]
+    pieces = [n for pass_ in prompt_passes for model, n in pass_ if model is second.slot.target]
     assert sum(pieces) == n_prompt + 1 and len(pieces) >= 4
     for pass_ in prompt_passes:  # the running row in every pass, the prompt's piece within the bound
-        assert (first.seq.slot.target, 1) in pass_
-        assert sum(n for model, n in pass_ if model is second.seq.slot.target) <= bound - 1
-    while scheduler.running:
-        step()
+        assert (first.slot.target, 1) in pass_
+        assert sum(n for model, n in pass_ if model is second.slot.target) <= bound - 1
+    while scheduler.scheduler.running:
+        run_step()
     assert out["a"] == decoder.generate(short, CONFIGS[0], speculative=False).tokens
     assert out["b"] == decoder.generate(long_, CONFIGS[4], speculative=False).tokens
 
     # a client that leaves mid-prompt: its slot is free at once and keeps the start of the prompt
     # that ran (a later prompt that starts the same way reuses it)
     for key in "cdef":  # prompts no slot holds the start of (else the prefix cache skips their prefill)
-        scheduler.admit(key, decoder.encode(key + long_), CONFIGS[4])
+        admit(scheduler, key, decoder.encode(key + long_), CONFIGS[4])
     assert not scheduler.can_admit()
-    step()  # "c"'s first piece
-    leaving = scheduler.running[0]
-    held = leaving.seq.slot.target.length
-    assert 0 < held < len(leaving.seq.prompt) - 1 and not leaving.seq.tokens
-    scheduler.release(leaving)
-    assert scheduler.can_admit() and scheduler._cached(leaving.seq.slot) == leaving.seq.prompt[:held]
-    late = scheduler.admit("g", decoder.encode(short), CONFIGS[1])
-    assert late.seq.slot is leaving.seq.slot
-    while scheduler.running:
-        step()
+    run_step()  # "c"'s first piece
+    leaving = scheduler.scheduler.running[0]
+    held = leaving.slot.target.length
+    assert 0 < held < len(leaving.prompt) - 1 and not leaving.tokens
+    scheduler.abort(leaving)
+    assert scheduler.can_admit() and scheduler.scheduler.held[id(leaving.slot)] == leaving.prompt[:held]
+    late = admit(scheduler, "g", decoder.encode(short), CONFIGS[1])
+    assert late.slot is leaving.slot
+    while scheduler.scheduler.running:
+        run_step()
     assert out["g"] == decoder.generate(short, CONFIGS[1]).tokens
     assert all(out[key] == decoder.generate(key + long_, CONFIGS[4]).tokens for key in "def")
 
@@ -328,13 +348,13 @@ def test_the_shortest_prompt_goes_first_and_a_passed_over_one_is_not_starved(dec
 
     def first_pieces(patience: int) -> tuple[list[list[tuple[str, int]]], dict[str, list[int]]]:
         passes = record_passes(monkeypatch)
-        scheduler = Scheduler(decoder, prefill_tokens=bound, patience=patience)
+        scheduler = engine(decoder, prefill_tokens=bound, patience=patience)
         owner = {}
         for key, prompt in [("long", long_)] + [(f"s{i}", p) for i, p in enumerate(shorts)]:
-            owner[id(scheduler.admit(key, decoder.encode(prompt), CONFIGS[4], speculative=False).seq.slot.target)] = key
+            owner[id(admit(scheduler, key, decoder.encode(prompt), CONFIGS[4], speculative=False).slot.target)] = key
         out: dict[str, list[int]] = {}
-        while scheduler.running:
-            for a, chunks in scheduler.step():
+        while scheduler.scheduler.running:
+            for a, chunks in step(scheduler):
                 out.setdefault(a.key, []).extend(t for c in chunks for t in c.tokens)
         return [[(owner[id(model)], n) for model, n in pass_] for pass_ in passes[:5]], out
 
@@ -353,40 +373,45 @@ def test_the_shortest_prompt_goes_first_and_a_passed_over_one_is_not_starved(dec
 def record_kept(monkeypatch) -> list[int]:
     """The `keep` (cached prompt tokens) of every prefill from now on."""
     kept = []
-    real = loop.prefill
-    monkeypatch.setattr(loop, "prefill", lambda *a, **kw: kept.append(a[3] if len(a) > 3 else kw.get("keep", 0))
+    real = engine_module.prefill
+    monkeypatch.setattr(engine_module, "prefill", lambda *a, **kw: kept.append(a[3] if len(a) > 3 else kw.get("keep", 0))
                         or real(*a, **kw))
     return kept
 
 
 def run_alone_in(decoder, scheduler, prompt, config):
     """Admit one request and step the scheduler until it ends: (its Active, its tokens)."""
-    active = scheduler.admit(prompt, decoder.encode(prompt), config)
+    active = admit(scheduler, prompt, decoder.encode(prompt), config)
     out = []
-    while active in scheduler.running:
-        out += [t for a, chunks in scheduler.step() if a is active for c in chunks for t in c.tokens]
+    while active in scheduler.scheduler.running:
+        out += [t for a, chunks in step(scheduler) if a is active for c in chunks for t in c.tokens]
     return active, out
 
 
 def test_a_freed_slot_keeps_its_context_for_a_prompt_that_starts_the_same(decoder, monkeypatch):
     """The prefix cache: a prompt that repeats a finished request's context (a chat's next turn)
-    skips that much prefill and decodes what it decodes alone; a failed round, or another
-    generation on the same target since, leaves nothing to reuse."""
+    skips that much prefill and decodes what it decodes alone, and a different prompt reuses nothing.
+    A library call (an engine that is not persistent) never starts from what an earlier call left:
+    another decoder may have used the models in between."""
     kept = record_kept(monkeypatch)
 
     def run(scheduler, prompt, config):
         return run_alone_in(decoder, scheduler, prompt, config)[1]
 
-    scheduler = Scheduler(decoder)
+    scheduler = engine(decoder)
     first = run(scheduler, PROMPTS[3], CONFIGS[0])
     follow_up = PROMPTS[3] + decoder.tokenizer.decode(first) + " and the dog"
     second = run(scheduler, follow_up, CONFIGS[1])
     n_first = len(decoder.encode(PROMPTS[3]))
     assert kept[-1] >= n_first  # the first prompt and its output came from the cache
     assert second == decoder.generate(follow_up, CONFIGS[1]).tokens  # ... and decode what they decode alone
-    # another generation used the slots' target since: nothing is trusted
+    # the same prompt again: all of it (but `pending`) from the cache, the same output
     kept.clear()
-    run(scheduler, follow_up, CONFIGS[1])
+    assert run(scheduler, follow_up, CONFIGS[1]) == second
+    assert kept == [len(decoder.encode(follow_up)) - 1]
+    # a library call keeps nothing for the next one
+    kept.clear()
+    assert decoder.generate(follow_up, CONFIGS[1]).tokens == second
     assert kept == [0]
     # and a different prompt reuses nothing
     kept.clear()
@@ -408,7 +433,7 @@ def test_the_prompt_cache_restores_a_context_a_slot_no_longer_holds(decoder, mon
     for cache_bytes, restored in ((10 ** 9, True), (0, False), (10 ** 9, False)):
         if cache_bytes and not restored:
             monkeypatch.setattr(type(decoder.target), "restore", no_room)
-        scheduler = Scheduler(decoder, cache_bytes=cache_bytes)
+        scheduler = engine(decoder, prompt_cache_bytes=cache_bytes)
         _, first = run(scheduler, PROMPTS[3], CONFIGS[0])
         for i, other in enumerate(PROMPTS[:3] + PROMPTS[4:5]):  # the fourth overwrites the first one's slot
             run(scheduler, f"{i}{other}", CONFIGS[4])
@@ -417,7 +442,7 @@ def test_the_prompt_cache_restores_a_context_a_slot_no_longer_holds(decoder, mon
         active, second = run(scheduler, follow_up, CONFIGS[1])
         n_first = len(decoder.encode(PROMPTS[3]))
         assert (kept[-1] >= n_first) is restored, (cache_bytes, kept)
-        assert active.seq.stats.cached_tokens == kept[-1]
+        assert active.stats.cached_tokens == kept[-1]
         assert second == decoder.generate(follow_up, CONFIGS[1]).tokens
     assert len(decoder.slots) == 4  # four other prompts did overwrite every slot
 
@@ -431,15 +456,15 @@ def test_with_a_prompt_cache_a_finished_context_leaves_the_shared_pool(decoder, 
     kept = record_kept(monkeypatch)
     run = functools.partial(run_alone_in, decoder)
     for cache_bytes in (10 ** 9, 0):
-        scheduler = Scheduler(decoder, cache_bytes=cache_bytes)
+        scheduler = engine(decoder, prompt_cache_bytes=cache_bytes)
         active, first = run(scheduler, PROMPTS[3], CONFIGS[0])
-        assert (active.seq.slot.target.length == 0) is bool(cache_bytes)
+        assert (active.slot.target.length == 0) is bool(cache_bytes)
         follow_up = PROMPTS[3] + decoder.tokenizer.decode(first) + " and the dog"
         kept.clear()
         active, second = run(scheduler, follow_up, CONFIGS[1])
-        assert kept[-1] >= len(decoder.encode(PROMPTS[3])) and active.seq.stats.cached_tokens == kept[-1]
+        assert kept[-1] >= len(decoder.encode(PROMPTS[3])) and active.stats.cached_tokens == kept[-1]
         assert second == decoder.generate(follow_up, CONFIGS[1]).tokens
-        assert (len(scheduler.prompt_cache or ()) > 0) is bool(cache_bytes)
+        assert (len(scheduler.scheduler.prompt_cache or ()) > 0) is bool(cache_bytes)
 
 
 def test_a_new_prompt_runs_in_the_running_rows_pass(decoder, monkeypatch):
@@ -448,25 +473,25 @@ def test_a_new_prompt_runs_in_the_running_rows_pass(decoder, monkeypatch):
     from that pass, and both produce what they produce alone. The scheduler reports the whole pass's
     size, the prompt's row included."""
     passes = record_passes(monkeypatch)
-    scheduler = Scheduler(decoder)
+    scheduler = engine(decoder)
     out = {}
-    first = scheduler.admit("a", decoder.encode(PROMPTS[1]), CONFIGS[0], speculative=False)
+    first = admit(scheduler, "a", decoder.encode(PROMPTS[1]), CONFIGS[0], speculative=False)
     for _ in range(3):
-        for a, chunks in scheduler.step():
+        for a, chunks in step(scheduler):
             out.setdefault(a.key, []).extend(t for c in chunks for t in c.tokens)
     long_prompt = decoder.encode(PROMPTS[3])
-    second = scheduler.admit("b", long_prompt, CONFIGS[4], speculative=False)
+    second = admit(scheduler, "b", long_prompt, CONFIGS[4], speculative=False)
     n_before, sizes = len(passes), []
-    while scheduler.running:
-        for a, chunks in scheduler.step():
+    while scheduler.scheduler.running:
+        for a, chunks in step(scheduler):
             out.setdefault(a.key, []).extend(t for c in chunks for t in c.tokens)
         sizes.append(scheduler.pass_tokens)
     shared = passes[n_before]  # the first pass after the admission
     assert sizes == [sum(n for _, n in pass_) for pass_ in passes[n_before:]]  # what /metrics observes
-    assert (second.seq.slot.target, len(long_prompt)) in shared  # the prompt, `pending` its last token
-    assert (first.seq.slot.target, 1) in shared  # beside the running row
-    assert second.seq.stats.rounds[0].verified == 1  # its first round: the prompt's rest is not verified
-    assert second.seq.stats.t_prefill > 0 and second.seq.stats.cached_tokens == 0
+    assert (second.slot.target, len(long_prompt)) in shared  # the prompt, `pending` its last token
+    assert (first.slot.target, 1) in shared  # beside the running row
+    assert second.stats.rounds[0].verified == 1  # its first round: the prompt's rest is not verified
+    assert second.stats.t_prefill > 0 and second.stats.cached_tokens == 0
     assert out["a"] == decoder.generate(PROMPTS[1], CONFIGS[0], speculative=False).tokens
     assert out["b"] == decoder.generate(PROMPTS[3], CONFIGS[4], speculative=False).tokens
 
@@ -499,17 +524,17 @@ def test_draft_steps_run_together_and_each_row_leaves_at_its_own_k(model_only, m
     its solo run's (sampled rows draw their drafts from their own generators)."""
     solo = alone(model_only, MODEL_PROMPTS, MODEL_CONFIGS)
     passes = draft_passes(monkeypatch)
-    scheduler = Scheduler(model_only)
-    active = [scheduler.admit(i, model_only.encode(MODEL_PROMPTS[i]), MODEL_CONFIGS[i]) for i in range(4)]
-    scheduler.step()  # the prompts ride in the rows of the first round (the draft catches up on them first)
+    scheduler = engine(model_only)
+    active = [admit(scheduler, i, model_only.encode(MODEL_PROMPTS[i]), MODEL_CONFIGS[i]) for i in range(4)]
+    step(scheduler)  # the prompts ride in the rows of the first round (the draft catches up on them first)
     passes.clear()
-    scheduler.step()  # every row drafts: K steps in lockstep
+    step(scheduler)  # every row drafts: K steps in lockstep
     assert [len(p) for p in passes] == [4, 3, 2]  # step 1 (all), 2 (K >= 2), 3 (K = 3)
     assert all(n <= 2 for p in passes for n in p)  # a draft step feeds one or two tokens (a catch-up's too)
-    assert [a.seq.stats.rounds[-1].drafted for a in active] == [3, 2, 1, 3]
-    out = {i: list(a.seq.tokens) for i, a in enumerate(active)}
-    while scheduler.running:
-        for a, chunks in scheduler.step():
+    assert [a.stats.rounds[-1].drafted for a in active] == [3, 2, 1, 3]
+    out = {i: list(a.tokens) for i, a in enumerate(active)}
+    while scheduler.scheduler.running:
+        for a, chunks in step(scheduler):
             out[a.key] += [t for c in chunks for t in c.tokens]
     assert [out[i] for i in range(4)] == [s.tokens for s in solo]
 
@@ -536,14 +561,14 @@ def inject(monkeypatch, where: str) -> list[int]:
     Returns a list that grows by one at every injected failure."""
     poison, failed = char_tokenizer().convert_tokens_to_ids(POISON), []
     if where == "pass":
-        real_pass = loop.forward_batch
+        real_pass = round.forward_batch
 
         def forward(rows):
             if any(poison in row.tokens for row in rows):
                 failed.append(len(rows))
                 raise RuntimeError("llama_decode failed with code -1")
             return real_pass(rows)
-        monkeypatch.setattr(loop, "forward_batch", forward)
+        monkeypatch.setattr(round, "forward_batch", forward)
     elif where == "drafting":
         real_draft = LookupDrafter.continuation
 
@@ -554,14 +579,14 @@ def inject(monkeypatch, where: str) -> list[int]:
             return real_draft(self, context, path, k)
         monkeypatch.setattr(LookupDrafter, "continuation", continuation)
     else:
-        from specdecode.engine.decoder import TextAssembler
+        from specdecode.engine.text import TextAssembler
         real_add = TextAssembler.add
 
-        def add(self, rnd):
+        def add(self, tokens, sources):
             if MARK in self.stop:
                 failed.append(1)
                 raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "a detokenizer bug")
-            return real_add(self, rnd)
+            return real_add(self, tokens, sources)
         monkeypatch.setattr(TextAssembler, "add", add)
     return failed
 
@@ -569,14 +594,14 @@ def inject(monkeypatch, where: str) -> list[int]:
 def run_all(scheduler, decoder, prompts, configs):
     """Admit every prompt as slots free and run to the end: (tokens by key, error by key)."""
     waiting, out, errors = list(range(len(prompts))), {}, {}
-    while waiting or scheduler.running:
+    while waiting or scheduler.scheduler.running:
         while waiting and scheduler.can_admit():
             i = waiting.pop(0)
-            scheduler.admit(i, decoder.encode(prompts[i]), configs[i])
-        for a, chunks in scheduler.step():
+            admit(scheduler, i, decoder.encode(prompts[i]), configs[i])
+        for a, chunks in step(scheduler):
             out.setdefault(a.key, []).extend(t for c in chunks for t in c.tokens)
             if a.error is not None:
-                assert not chunks and a.key not in errors and a not in scheduler.running
+                assert not chunks and a.key not in errors and a not in scheduler.scheduler.running
                 errors[a.key] = a.error
     return out, errors
 
@@ -593,7 +618,7 @@ def test_a_failing_request_ends_alone_and_its_neighbours_are_untouched(decoder, 
     healthy = [0, 2, 3, 4]
     solo = alone(decoder, [prompts[i] for i in healthy], [configs[i] for i in healthy])
     failed = inject(monkeypatch, where)
-    scheduler = Scheduler(decoder, isolate=True)
+    scheduler = engine(decoder, isolate=True)
     out, errors = run_all(scheduler, decoder, prompts, configs)
     assert failed, "the fault was never injected: the test tests nothing"
     if where == "pass":
@@ -601,31 +626,32 @@ def test_a_failing_request_ends_alone_and_its_neighbours_are_untouched(decoder, 
     assert list(errors) == [1] and type(errors[1]).__name__ in {"RuntimeError", "ValueError", "UnicodeDecodeError"}
     assert [out[i] for i in healthy] == [s.tokens for s in solo]
     assert any(r.drafted >= 2 for s in solo for r in s.stats.rounds)  # the neighbours drafted
-    assert len(scheduler.free) == decoder.max_batch and not scheduler.running
+    assert len(scheduler.scheduler.free) == decoder.max_batch and not scheduler.scheduler.running
     assert scheduler.isolated >= (1 if where == "pass" else 0)
 
 
 def test_without_isolation_a_failure_ends_the_batch(decoder, monkeypatch):
     """The library's batch (no `isolate`): the error is raised, every request released."""
     inject(monkeypatch, "pass")
-    scheduler = Scheduler(decoder)
+    scheduler = engine(decoder)
     for i, prompt in enumerate([PROMPTS[0], "ab" + POISON]):
-        scheduler.admit(i, decoder.encode(prompt), CONFIGS[0])
+        admit(scheduler, i, decoder.encode(prompt), CONFIGS[0])
     with pytest.raises(RuntimeError, match="llama_decode failed"):
         scheduler.step()
-    assert not scheduler.running and len(scheduler.free) == decoder.max_batch and scheduler.isolated == 0
+    assert not scheduler.scheduler.running and len(scheduler.scheduler.free) == decoder.max_batch
+    assert scheduler.isolated == 0
 
 
 def test_a_failing_prompt_piece_ends_its_request_alone(decoder, monkeypatch):
     """Chunked prefill: a poisoned prompt that runs in pieces beside a decoding row fails alone; the
     row beside it decodes what it decodes alone."""
     failed = inject(monkeypatch, "pass")
-    scheduler = Scheduler(decoder, prefill_tokens=4, isolate=True)
+    scheduler = engine(decoder, prefill_tokens=4, isolate=True)
     prompts = [PROMPTS[3], "abcabcabc" + POISON]
     out, errors = run_all(scheduler, decoder, prompts, CONFIGS[:2])
     assert failed and max(failed) > 1
     assert list(errors) == [1] and out[0] == decoder.generate(prompts[0], CONFIGS[0]).tokens
-    assert len(scheduler.free) == decoder.max_batch
+    assert len(scheduler.scheduler.free) == decoder.max_batch
 
 
 def test_an_interrupt_in_a_round_ends_every_request(decoder, monkeypatch):
@@ -635,13 +661,13 @@ def test_an_interrupt_in_a_round_ends_every_request(decoder, monkeypatch):
     def interrupted(rows):
         calls.append(len(rows))
         raise KeyboardInterrupt
-    monkeypatch.setattr(loop, "forward_batch", interrupted)
-    scheduler = Scheduler(decoder, isolate=True)
+    monkeypatch.setattr(round, "forward_batch", interrupted)
+    scheduler = engine(decoder, isolate=True)
     for i in range(3):
-        scheduler.admit(i, decoder.encode(PROMPTS[i]), CONFIGS[0])
+        admit(scheduler, i, decoder.encode(PROMPTS[i]), CONFIGS[0])
     with pytest.raises(KeyboardInterrupt):
         scheduler.step()
-    assert calls == [3] and not scheduler.running and len(scheduler.free) == decoder.max_batch
+    assert calls == [3] and not scheduler.scheduler.running and len(scheduler.scheduler.free) == decoder.max_batch
 
 
 def test_generate_many_raises_a_prompts_error(decoder, monkeypatch):

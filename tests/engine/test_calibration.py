@@ -110,22 +110,23 @@ def test_a_rounds_cost_includes_the_work_on_its_logits(pair, monkeypatch):
     """Calibration times a round as the loop pays for it: the pass, then the probabilities and a
     plain step's sample (1 token) or the verification of its drafts (n tokens); the cache is left as
     it was. The kernel-only timing (no params, for the frontier benchmark) does neither."""
-    from specdecode.engine import loop
+    from specdecode.engine import calibration, verification
+    from specdecode.engine.slot import prefill
 
     target, _ = pair
     calls: list[tuple[str, int]] = []
-    real_verify, real_sample = loop.verify, loop.sample_token
-    monkeypatch.setattr(loop, "verify",
+    real_verify, real_sample = calibration.verify, verification.sample_token
+    monkeypatch.setattr(calibration, "verify",
                         lambda d, q, p, r: calls.append(("verify", d.shape[1])) or real_verify(d, q, p, r))
-    monkeypatch.setattr(loop, "sample_token", lambda *a: calls.append(("sample", 1)) or real_sample(*a))
-    loop.prefill(target, [], [5, 6, 7, 8])
+    monkeypatch.setattr(verification, "sample_token", lambda *a: calls.append(("sample", 1)) or real_sample(*a))
+    prefill(target, [], [5, 6, 7, 8])
     length = target.length
     for n in (1, 4):
-        assert loop.time_pass(target, 8, n, SamplingParams(temperature=0.7)) > 0
+        assert calibration.time_pass(target, 8, n, SamplingParams(temperature=0.7)) > 0
         assert target.length == length
     assert calls == [("sample", 1), ("verify", 3)]
     calls.clear()
-    loop.time_pass(target, 8, 4)
+    calibration.time_pass(target, 8, 4)
     assert calls == [] and target.length == length
 
 

@@ -10,7 +10,9 @@ from specdecode.backends.weights import load_model
 from specdecode.core.probs import GREEDY, SamplingParams
 from specdecode.drafters.model import ModelDrafter
 from specdecode.engine.config import GenerationConfig
-from specdecode.engine.decoder import SpeculativeDecoder, _streamable_length, check_compatible
+from specdecode.engine.decoder import SpeculativeDecoder
+from specdecode.engine.loading import check_compatible
+from specdecode.engine.text import _streamable_length
 from tests.tiny import CHARS, SPECIALS, char_tokenizer, tiny_model, tiny_pair
 
 VOCAB = len(SPECIALS) + len(CHARS)
@@ -70,11 +72,11 @@ def test_the_prompt_and_the_first_token_take_one_pass(decoder, monkeypatch):
     token: n plain tokens take n target passes, not a prompt pass and n steps. The tokens are the
     old order's (the control: the prompt's own pass, then one-token steps, by hand); the pass's
     share of the prompt counts as prefill, not as a verified token."""
-    from specdecode.engine import loop
+    from specdecode.engine import round
 
     passes = []
-    real = loop.forward_batch
-    monkeypatch.setattr(loop, "forward_batch", lambda rows: passes.append([len(r.tokens) for r in rows]) or real(rows))
+    real = round.forward_batch
+    monkeypatch.setattr(round, "forward_batch", lambda rows: passes.append([len(r.tokens) for r in rows]) or real(rows))
     prompt, n = "def f(x):", 6
     ids = decoder.encode(prompt)
     out = decoder.generate(prompt, GenerationConfig(max_new_tokens=n, sampling=GREEDY), speculative=False)
@@ -103,24 +105,26 @@ def test_stop_string_truncates_text(decoder):
 
 
 @pytest.mark.parametrize("same_prompt", [False, True])
-def test_interleaved_streams_of_one_decoder_raise(decoder, same_prompt):
-    """Two stream() generators of one decoder advanced in turn share one target cache: the older
-    one must raise a clear error instead of continuing from the other's cache, and the newer one
-    (which owns the cache now) must stay correct. same_prompt: equal prompt lengths, so only the
-    ownership check (not the cache-length check) can tell them apart."""
+def test_interleaved_streams_of_one_decoder_are_each_what_they_are_alone(decoder, same_prompt):
+    """Two stream() generators of one decoder advanced in turn are two requests of its one engine
+    (one slot here: the second waits while its steps run the first to its end, whose chunks wait for
+    their reader). Each yields exactly what it yields alone. (With two drivers on one cache this had
+    to raise: the older stream's cache was the newer one's.) same_prompt: equal prompt lengths."""
     config_a = GenerationConfig(**{**_fields(SAMPLED), "seed": 1})
     config_b = GenerationConfig(**{**_fields(SAMPLED), "seed": 2})
     prompt_b = "hello" if same_prompt else "a longer prompt"
     a = decoder.stream("hello", config_a)
     b = decoder.stream(prompt_b, config_b)
-    next(a)
+    first_a = next(a)
     first_b = next(b)
-    with pytest.raises(RuntimeError, match="already generating another sequence.*decoder per concurrent stream"):
-        next(a)
+    rest_a = list(a)
     rest_b = list(b)
-    expected = decoder.generate(prompt_b, config_b)
-    assert first_b.text + "".join(c.text for c in rest_b) == expected.text
-    assert first_b.tokens + [t for c in rest_b for t in c.tokens] == expected.tokens
+    assert rest_a, "the first stream had ended before the second began: nothing interleaved"
+    for first, rest, prompt, config in ((first_a, rest_a, "hello", config_a), (first_b, rest_b, prompt_b, config_b)):
+        expected = decoder.generate(prompt, config)
+        assert first.text + "".join(c.text for c in rest) == expected.text
+        assert first.tokens + [t for c in rest for t in c.tokens] == expected.tokens
+    assert not decoder.scheduler.running and len(decoder.scheduler.free) == decoder.max_batch
 
 
 @pytest.mark.parametrize("start", [3, 10, 17])
@@ -196,13 +200,17 @@ def test_wrong_types_are_named(decoder, call, error, match):
 
 def test_a_prompt_that_does_not_fit_names_the_setting_that_would_fit_it(decoder):
     """A prompt that does not fit said only "shorten the prompt"; where the backend's context is a
-    setting (llama.cpp's --n-ctx), the error now names it too."""
+    setting (llama.cpp's n_ctx), the error now names it too: the library's parameter, which the CLI names
+    as its option."""
+    from specdecode.cli.flags import cli_message
+
     with pytest.raises(ValueError, match="must fit\\): shorten the prompt$"):  # a model's own limit: nothing to raise
         decoder.generate("a" * 300, SAMPLED)
-    decoder.target.context_setting = "n_ctx (--n-ctx)"
+    decoder.target.context_setting = "n_ctx"
     try:
-        with pytest.raises(ValueError, match="shorten the prompt or raise n_ctx \\(--n-ctx\\)$"):
+        with pytest.raises(ValueError, match="shorten the prompt or raise n_ctx$") as raised:
             decoder.generate("a" * 300, SAMPLED)
+        assert cli_message(raised.value).endswith("shorten the prompt or raise --n-ctx")
     finally:
         del decoder.target.context_setting
 
@@ -267,13 +275,14 @@ def test_decode_rate_counts_the_rounds_own_work_not_only_drafting_and_the_pass(d
     the pass), so a full sort for top-p, 12 ms a token, never showed in it. Made slow here by 20 ms a
     call, that work must show in t_decode and not in t_draft + t_verify."""
     import time as clock
-    import specdecode.engine.loop as loop
-    real = loop.logits_to_probs
+    from specdecode.engine import round, verification  # the verify stage, and a plain step's token
+    real = round.logits_to_probs
 
     def slow(*a, **kw):
         clock.sleep(0.02)
         return real(*a, **kw)
-    monkeypatch.setattr(loop, "logits_to_probs", slow)
+    for module in (round, verification):
+        monkeypatch.setattr(module, "logits_to_probs", slow)
     stats = decoder.generate("x = ", SAMPLED, speculative=speculative).stats
     assert stats.t_decode >= stats.t_draft + stats.t_verify + 0.02 * stats.num_rounds
     assert stats.tokens_per_second == pytest.approx(stats.new_tokens / stats.t_decode)

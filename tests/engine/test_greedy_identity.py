@@ -7,7 +7,7 @@ from specdecode.core.probs import GREEDY
 from specdecode.drafters.lookup import LookupDrafter
 from specdecode.drafters.model import ModelDrafter
 from specdecode.engine.config import GenerationConfig
-from specdecode.engine.loop import generate_tokens
+from specdecode.engine.engine import generate_tokens
 from specdecode.engine.policy import AdaptiveK
 from specdecode.engine.stats import GenerationStats
 from tests.tiny import tiny_pair

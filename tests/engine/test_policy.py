@@ -126,7 +126,8 @@ def test_the_loop_reports_a_skipped_lookup_guess_with_the_targets_p_of_it():
     from specdecode.core.probs import SamplingParams
     from specdecode.drafters.lookup import LookupConfig, LookupDrafter, lookup
     from specdecode.engine.config import GenerationConfig
-    from specdecode.engine.loop import TARGET, generate_tokens
+    from specdecode.engine.engine import generate_tokens
+    from specdecode.engine.round import TARGET
     from tests.tiny import tiny_pair
 
     target, _ = tiny_pair(seed=1, dtype=torch.float64)
@@ -459,7 +460,7 @@ def test_the_loop_files_a_drafted_round_under_its_match_class(kind):
     from specdecode.drafters.lookup import LookupConfig, LookupDrafter
     from specdecode.drafters.suffix import SuffixConfig, SuffixDrafter
     from specdecode.engine.config import GenerationConfig
-    from specdecode.engine.loop import generate_tokens
+    from specdecode.engine.engine import generate_tokens
     from tests.tiny import tiny_pair
 
     target, _ = tiny_pair(seed=1, dtype=torch.float64)

@@ -23,7 +23,7 @@ from specdecode.drafters.lookup import LookupDrafter
 from specdecode.drafters.model import ModelDrafter
 from specdecode.drafters.protocol import Proposal
 from specdecode.engine.config import GenerationConfig
-from specdecode.engine.loop import generate_tokens
+from specdecode.engine.engine import generate_tokens
 from specdecode.engine.policy import AdaptiveK
 from specdecode.engine.stats import GenerationStats
 from specdecode.stats import chi_square

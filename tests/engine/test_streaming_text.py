@@ -1,24 +1,21 @@
 """Streaming text: incremental detokenisation (multi-byte characters split across tokens,
 skipped special tokens), stop strings, and the tokens counted when a stop string cuts a round.
 
-A byte-level tokenizer built in-process; the rounds are scripted (no model), so every case
-is exact and deterministic.
+A byte-level tokenizer built in-process; the rounds are scripted (no model) and fed to the text
+layer as the engine feeds it, so every case is exact and deterministic.
 """
 
 from __future__ import annotations
 
 import functools
-from types import SimpleNamespace
 
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-import specdecode.engine.decoder as decoder_module
-from specdecode.engine.config import GenerationConfig
-from specdecode.engine.decoder import IncrementalDetokenizer, SpeculativeDecoder
-from specdecode.engine.loop import Round
+import specdecode.engine.text as text_module
 from specdecode.engine.stats import GenerationStats, RoundRecord
+from specdecode.engine.text import IncrementalDetokenizer, TextAssembler
 
 TEXT = "héllo 👋 wörld, stop→here END 🎉! ça va? 日本語 ok"
 SPECIAL = "<eos>"
@@ -75,27 +72,18 @@ def tokenizer_and_ids():
     return fast, ids, segs
 
 
-def scripted_decoder(tokenizer, ids: list[int], sizes: list[int]):
-    """A decoder whose rounds are `ids` cut into rounds of the given sizes (cycled)."""
-    # no model runs: the target only tells the prompt's check how many token ids there are
-    decoder = SpeculativeDecoder(target=SimpleNamespace(vocab_size=len(tokenizer)), tokenizer=tokenizer, eos_ids=[])
-
-    def rounds(_ids, _config, stats, _speculative):
-        i, r = 0, 0
-        while i < len(ids):
-            chunk = ids[i:i + sizes[r % len(sizes)]]
-            stats.add_round(RoundRecord("scripted", 0, 0, len(chunk), 0.0, 0.0))
-            yield Round(chunk, ["target"] * len(chunk))
-            i += len(chunk)
-            r += 1
-
-    decoder._rounds = rounds
-    return decoder
-
-
-def stream(decoder, stops: tuple[str, ...]):
+def stream(tokenizer, ids: list[int], sizes: list[int], stops: tuple[str, ...]):
+    """The chunks of an output of rounds that are `ids` cut into the given sizes (cycled), as the engine
+    makes them (`TextAssembler.chunks` after each round, until a stop string or the last round)."""
     stats = GenerationStats()
-    return list(decoder.stream_ids([1], GenerationConfig(stop=stops), stats=stats)), stats
+    text = TextAssembler(tokenizer, stops, stats)
+    chunks, i, r = [], 0, 0
+    while i < len(ids) and not text.stopped:
+        round_ = ids[i:i + sizes[r % len(sizes)]]
+        stats.add_round(RoundRecord("scripted", 0, 0, len(round_), 0.0, 0.0))
+        i, r = i + len(round_), r + 1
+        chunks += text.chunks(round_, ["target"] * len(round_), ended=i >= len(ids))
+    return chunks, stats
 
 
 def expected_count(segs: list[bytes | None], cut: int) -> int:
@@ -125,9 +113,9 @@ STOPS = [(), ("wö",), ("👋",), ("→here",), ("END", "ok"), ("日本",), ("ok
 def test_streamed_text_and_token_count(tokenizer_and_ids, use_stream, sizes, stops, monkeypatch):
     tokenizer, ids, segs = tokenizer_and_ids
     if use_stream is not None:  # force DecodeStream, or the window path slow tokenizers take
-        monkeypatch.setattr(decoder_module, "IncrementalDetokenizer",
+        monkeypatch.setattr(text_module, "IncrementalDetokenizer",
                             functools.partial(IncrementalDetokenizer, use_stream=use_stream))
-    chunks, stats = stream(scripted_decoder(tokenizer, ids, sizes), stops)
+    chunks, stats = stream(tokenizer, ids, sizes, stops)
     cuts = [TEXT.find(s) for s in stops if s in TEXT]
     if cuts:
         cut = min(cuts)
@@ -175,13 +163,13 @@ def test_detokenizer_matches_decode_and_is_incremental(tokenizer_and_ids, use_st
 
 
 def test_stream_quadratic_redecode_is_gone(tokenizer_and_ids):
-    """Through stream_ids: only the final text is decoded whole, once (was: every round)."""
+    """Through the text layer: only the final text is decoded whole, once (was: every round)."""
     tokenizer, ids, _ = tokenizer_and_ids
     lengths: list[int] = []
     original = tokenizer.decode
     tokenizer.decode = lambda tokens, *a, **k: (lengths.append(len(tokens)), original(tokens, *a, **k))[1]
     try:
-        chunks, _ = stream(scripted_decoder(tokenizer, ids * 4, [3]), ())
+        chunks, _ = stream(tokenizer, ids * 4, [3], ())
     finally:
         del tokenizer.decode
     assert "".join(c.text for c in chunks) == TEXT * 4

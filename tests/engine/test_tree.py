@@ -24,25 +24,24 @@ from specdecode.drafters.model import ModelDrafter
 from specdecode.drafters.suffix import SuffixConfig, SuffixDrafter
 from specdecode.engine.config import GenerationConfig
 from specdecode.engine.decoder import SpeculativeDecoder
-from specdecode.engine.loop import new_sequence, prefill, start, step
-from specdecode.engine.sequence import Slot
+from specdecode.engine.engine import Engine
+from specdecode.engine.scheduler import SchedulerConfig
+from specdecode.engine.slot import Slot
 from specdecode.engine.stats import GenerationStats
 from tests.engine.test_sampling_exact import PROMPT, V, joint_p_value, pair  # noqa: F401 (a fixture)
 from tests.tiny import char_tokenizer, tiny_pair
 
 
 def run(target, drafters, prompt, config):
-    """Generate with the prompt's K/V already in the cache (as a prefix cache leaves it), so the first
-    round drafts a tree too: a round that feeds the prompt's rest is a chain (engine/loop.py)."""
+    """Generate with the prompt's K/V already in the cache (as a prefix cache leaves it: a request on the
+    same prompt ran in the slot before), so the first round drafts a tree too: a round that feeds the
+    prompt's rest is a chain (engine/round.py)."""
+    engine = Engine([Slot(target, tuple(drafters))], frozenset(), scheduling=SchedulerConfig(persistent=True))
+    engine.generate_ids(prompt, GenerationConfig(max_new_tokens=1), speculative=False)
     stats = GenerationStats()
-    seq = new_sequence(Slot(target, tuple(drafters)), prompt, config, frozenset(), stats)
-    prefill(target, drafters, prompt)
-    start(seq, prompt[:-1])
-    assert not seq.unfed
-    tokens = []
-    while not seq.finished:
-        tokens += step([seq])[0].tokens
-    return tokens, stats
+    request = engine.add_request(prompt, config, stats=stats)
+    assert not request.unfed
+    return [t for chunk in engine.follow(request) for t in chunk.tokens], stats
 
 
 def test_hf_tree_pass_equals_chains_and_keeps_the_path():

@@ -421,7 +421,7 @@ def test_seeds_are_0_to_2_63_minus_1(server):
         assert r.status_code == 200 and r.json()["usage"]["specdecode"]["seed"] == seed, r.text
     for seed in (-1, 2 ** 63):
         err = assert_error(post(server, "completions", {**body, "seed": seed}), 400, "seed")
-        assert "0 to 2^63 - 1" in err["message"], err
+        assert "0 to 2**63 - 1" in err["message"], err
 
 
 # 5. queue slots

@@ -15,24 +15,28 @@ import torch
 
 from specdecode.backends.native import library as lib_
 from specdecode.backends.native.weights import NativeWeights
-from specdecode.backends.protocol import Row, Snapshot
+from specdecode.backends.protocol import Model, Row, Snapshot
+from specdecode.checks import SettingError
 from specdecode.core.tree import tree_depths
 
 
-class NativeModel:
+class NativeModel(Model):
     """A sequence (its own KV cache) over `weights`; `sibling()` gives more over the same weights."""
 
+    trees = True  # the tree's nodes after the cache, the accepted path moved into place (sd_seq_keep)
+    snapshots = True  # the K/V copied out and back (sd_seq_state_get / set)
+    context_setting = "n_ctx"  # the parameter named when a prompt does not fit
+    # logits depend only on the context, never on the pass around it (weights.py): a K-token pass,
+    # K one-token passes and any batch agree exactly, so only exact ties may go either way
+    logit_tolerance = 0.0
+
     def __init__(self, weights: NativeWeights, name: str | None = None) -> None:
-        self.weights = self.context = weights  # `context`: the rows of siblings share one pass
+        self.weights = weights
         self.lib = weights.lib
         self.name = name or weights.name
         self.vocab_size = weights.n_vocab
         self.max_length = weights.max_length
-        self.context_setting = "n_ctx (--n-ctx)"  # named when a prompt does not fit
         self.device = torch.device("cpu")
-        # logits depend only on the context, never on the pass around it (weights.py): a K-token pass,
-        # K one-token passes and any batch agree exactly
-        self.logit_tolerance = 0.0
         self.seq = weights.new_sequence()
         weakref.finalize(self, weights.lib.sd_seq_free, self.seq)
         self._tree: tuple[int, list[int]] | None = None  # (base, parents) of a tree pass awaiting accept_path
@@ -47,6 +51,11 @@ class NativeModel:
         w = self.weights
         return (f"native {w.name} ({w.nbytes} B) kernel={w.kernel} threads={w.settings.threads()} "
                 f"head={w.head_tokens}")
+
+    @property
+    def batch_group(self) -> NativeWeights:
+        """Siblings (one weights) run their rows in one pass."""
+        return self.weights
 
     def forward(self, tokens: Sequence[int], n_logits: int = 1) -> torch.Tensor:
         return forward_rows([Row(self, tokens, n_logits)])[0]
@@ -121,8 +130,8 @@ def forward_rows(rows: Sequence[Row]) -> list[torch.Tensor]:
             if n > weights.settings.n_batch:
                 raise ValueError(f"a tree of {n} tokens exceeds n_batch={weights.settings.n_batch}")
         if model.length + n > model.max_length:
-            raise ValueError(f"{model.name}: {model.length + n} tokens exceed the context of {model.max_length} "
-                             f"(raise n_ctx, --n-ctx)")
+            raise SettingError(f"{model.name}: {model.length + n} tokens exceed the context of "
+                               f"{model.max_length} (raise {{n_ctx}})")
         for t in tokens:
             if not 0 <= int(t) < weights.n_vocab:
                 raise ValueError(f"token id {t} is outside the vocabulary [0, {weights.n_vocab})")

@@ -27,6 +27,7 @@ import torch
 
 from specdecode.backends.native import library as lib_
 from specdecode.backends.native.gguf_layout import Layout, read_layout
+from specdecode.checks import SettingError
 from specdecode.interrupts import ctrl_c_after
 
 ARCHITECTURES = ("qwen2",)
@@ -122,8 +123,8 @@ class NativeWeights:
         eps = float(layout.field("attention.layer_norm_rms_epsilon"))
         rope_base = float(layout.field("rope.freq_base", 10000.0))
         if not 0 <= settings.n_ctx <= self.n_ctx_train:
-            raise ValueError(f"n_ctx must be 0 (the model's) to {self.name}'s trained context of {self.n_ctx_train} "
-                             f"tokens, got {settings.n_ctx}")
+            raise SettingError(f"{{n_ctx}} must be 0 (the model's) to {self.name}'s trained context of "
+                               f"{self.n_ctx_train} tokens, got {settings.n_ctx}")
         self.max_length = settings.n_ctx or self.n_ctx_train
         self.file = np.memmap(self.path, dtype=np.uint8, mode="r")  # the embeddings are read from it per token
         self.pool = shared_pool(settings.threads())
