@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 from specdecode.cli.flags import cli_setting
@@ -177,6 +178,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 def load_decoder(args: argparse.Namespace, speculative: bool = True):
     from specdecode.engine.decoder import SpeculativeDecoder
 
+    cores = len(os.sched_getaffinity(0))
+    if args.threads > cores:  # allowed (a container may see fewer cores than it gets), but rarely meant
+        err_console.print(f"[yellow]note:[/] --threads {args.threads} is more than the {cores} cores this process "
+                          f"may use: the passes will wait on each other (0 = one thread a core)", highlight=False)
+
     return SpeculativeDecoder.load(args.target, args.draft, drafter=args.drafter, backend=args.backend,
                                    threads=args.threads, n_ctx=args.n_ctx, recalibrate=args.recalibrate,
                                    dtype=args.dtype,
@@ -202,6 +208,7 @@ def run_generate(args: argparse.Namespace) -> int:
                                            ("--show-drafts", args.show_drafts), ("--tree", args.tree > 0),
                                            ("--verify block", args.verify != "token"),
                                            (f"--drafter {args.drafter}", args.drafter != "auto"),
+                                           ("--draft", args.draft is not None),
                                            ("--draft-confidence", args.draft_confidence > 0),
                                            ("--draft-int8/--no-draft-int8", args.draft_int8 is not None),
                                            ("--draft-vocab", args.draft_vocab is not None),

@@ -48,6 +48,9 @@ def load(target: str | None = None, draft: str | None = None, *, drafter: str = 
         raise ValueError(f"max_batch must be an integer >= 1 (0 = auto), got {max_batch!r}")
     max_batch = max_batch or (DEFAULT_MAX_BATCH if backend in GGUF_BACKENDS else 1)
     _check_drafter_options(drafter, draft, draft_int8, draft_vocab, draft_confidence, tree)
+    if draft is not None and not speculative:
+        raise SettingError("{draft} is a draft model, which plain decoding ({speculative=False}) does not load: "
+                           "drop one of them")
     settings = LlamaSettings(n_ctx=n_ctx, n_threads=threads, n_seq_max=max_batch,
                              tree_leaves=tree + 1 if tree else 0)
     target_model, tokenizer = load_model(target, "target", torch_dtype, device, progress=progress,

@@ -199,6 +199,7 @@ def test_serve_flags_are_checked_before_loading(argv, message, capsys):
     # each of these once ran, reading nothing of the option
     (["--no-spec", "--draft-confidence", "0.5"], "--draft-confidence has no effect with --no-spec"),
     (["--no-spec", "--drafter", "lookup"], "--drafter lookup has no effect with --no-spec"),
+    (["--no-spec", "--draft", "/nonexistent.gguf"], "--draft has no effect with --no-spec"),
     (["--no-spec", "--draft-vocab", "5"], "--draft-vocab has no effect with --no-spec"),
     (["--backend", "transformers", "--drafter", "lookup", "--draft-vocab", "5"],
      "--draft-int8/--draft-vocab shape a draft model"),

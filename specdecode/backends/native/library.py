@@ -53,7 +53,7 @@ SIGNATURES = {
     "sd_seq_keep": (ctypes.c_int, [P, P, P, ctypes.c_int]),
     "sd_seq_state_bytes": (I64, [P, P]),
     "sd_seq_state_get": (ctypes.c_int, [P, P, P]),
-    "sd_seq_state_set": (ctypes.c_int, [P, P, P, I64]),
+    "sd_seq_state_set": (ctypes.c_int, [P, P, P, I64, I64]),
     "sd_forward": (ctypes.c_int, [P, ctypes.c_int, P, P, P, P, P, P, P]),
 }
 

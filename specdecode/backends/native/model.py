@@ -16,7 +16,7 @@ import torch
 from specdecode.backends.native import library as lib_
 from specdecode.backends.native.weights import NativeWeights
 from specdecode.backends.protocol import Model, Row, Snapshot
-from specdecode.checks import SettingError
+from specdecode.checks import SettingError, integer
 from specdecode.core.tree import tree_depths
 
 
@@ -98,12 +98,15 @@ class NativeModel(Model):
 
     def restore(self, snapshot: Snapshot) -> None:
         """Replace this sequence's cache by a copy `snapshot()` made (of it or a sibling)."""
-        owner, data = snapshot.data if isinstance(snapshot.data, tuple) else (None, None)
-        if owner is not self.weights or snapshot.length > self.max_length:
+        owner, data = snapshot.data if isinstance(snapshot, Snapshot) and isinstance(snapshot.data, tuple) \
+            else (None, None)
+        if owner is not self.weights or not isinstance(data, np.ndarray) or data.dtype != np.uint8 \
+                or not 0 <= snapshot.length <= self.max_length:
             raise ValueError(f"{self.name}: not a snapshot of this model's sequences")
         self._tree = None
-        lib_.check(self.lib.sd_seq_state_set(self.weights.ptr, self.seq, data.ctypes.data, snapshot.length),
-                   f"{self.name}: restore")
+        data = np.ascontiguousarray(data)
+        lib_.check(self.lib.sd_seq_state_set(self.weights.ptr, self.seq, data.ctypes.data, data.size,
+                                             snapshot.length), f"{self.name}: restore")
 
     def sibling(self) -> "NativeModel":
         """Another sequence over the same weights, with its own empty cache."""
@@ -120,7 +123,8 @@ def forward_rows(rows: Sequence[Row]) -> list[torch.Tensor]:
     for model, tokens, n_logits, parents in rows:
         n = len(tokens)
         if not isinstance(model, NativeModel) or model.weights is not weights:
-            raise ValueError(f"{getattr(model, 'name', model)} is not a sequence of {weights.name}")
+            raise ValueError("a pass runs the sequences of one load of the weights (a model and its siblings); "
+                             f"{getattr(model, 'name', model)!r} is not one of them")
         if n == 0 or not 1 <= n_logits <= n:
             raise ValueError(f"forward needs >= 1 token and 1 <= n_logits <= {n}, got {n} tokens, n_logits={n_logits}")
         if parents is not None:
@@ -133,8 +137,8 @@ def forward_rows(rows: Sequence[Row]) -> list[torch.Tensor]:
             raise SettingError(f"{model.name}: {model.length + n} tokens exceed the context of "
                                f"{model.max_length} (raise {{n_ctx}})")
         for t in tokens:
-            if not 0 <= int(t) < weights.n_vocab:
-                raise ValueError(f"token id {t} is outside the vocabulary [0, {weights.n_vocab})")
+            if integer(t) is None or not 0 <= t < weights.n_vocab:
+                raise ValueError(f"token id {t!r} is not an integer in the vocabulary [0, {weights.n_vocab})")
     if len({id(row.model) for row in rows}) != len(rows):
         raise ValueError("a pass holds each sequence at most once")
     for row in rows:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specdecode.backends.native import NativeModel, NativeSettings, NativeWeights, library
-from specdecode.backends.protocol import Model, Row, forward_batch
+from specdecode.backends.protocol import Model, Row, Snapshot, forward_batch
 from tests.backends.native import tiny
 
 PATHS = library.cpu_paths()  # the fast paths this CPU runs, then "reference"
@@ -181,6 +181,23 @@ def test_snapshot_restores_into_a_sibling(weights):
     other.restore(snap)
     assert other.length == 16
     assert torch.equal(other.forward([4, 5], 2), model.forward([4, 5], 2))
+
+
+def test_restore_refuses_what_is_not_a_copy_of_a_cache(weights):
+    # a forged length or a short buffer once read past the copy (or crashed): refused before any byte is read
+    model = NativeModel(weights)
+    model.forward(tokens(3, 5), 1)
+    snap = model.snapshot()
+    other = model.sibling()
+    data = snap.data[1]
+    for forged in (Snapshot(-5, snap.data, snap.nbytes), Snapshot(4000, snap.data, snap.nbytes),
+                   Snapshot(snap.length, (weights, data[:-1]), snap.nbytes - 1),
+                   Snapshot(snap.length + 1, snap.data, snap.nbytes), "x"):
+        with pytest.raises(ValueError, match="not a (snapshot|copy)"):
+            other.restore(forged)
+        assert other.length == 0
+    other.restore(snap)
+    assert other.length == 5
 
 
 def test_a_cut_head_keeps_its_tokens_and_gives_the_rest_minus_infinity(gguf):

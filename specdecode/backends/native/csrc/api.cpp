@@ -303,8 +303,11 @@ int64_t sd_seq_state_bytes(void* model, void* s) { return (int64_t)seq_state_byt
 int sd_seq_state_get(void* model, void* s, uint8_t* out) {
     return guard([&] { seq_state_get(*(Model*)model, *(Seq*)s, out); });
 }
-int sd_seq_state_set(void* model, void* s, const uint8_t* in, int64_t length) {
-    return guard([&] { seq_state_set(*(Model*)model, *(Seq*)s, in, length); });
+int sd_seq_state_set(void* model, void* s, const uint8_t* in, int64_t nbytes, int64_t length) {
+    return guard([&] {
+        if (nbytes < 0) throw std::invalid_argument("not a copy of a cache");
+        seq_state_set(*(Model*)model, *(Seq*)s, in, (size_t)nbytes, length);
+    });
 }
 
 // One pass: row r runs n_tokens[r] tokens (concatenated in `tokens`) after sequence seqs[r]'s

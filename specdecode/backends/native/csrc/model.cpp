@@ -105,10 +105,12 @@ void seq_keep(const Model& m, Seq& s, const int64_t* src, int n) {
     s.length += n;
 }
 
-size_t seq_state_bytes(const Model& m, const Seq& s) {
-    const int64_t blocks = (s.length + 15) / 16;
-    return m.layers.size() * (size_t)(blocks * 16 + s.length) * m.kv_width() * 2;
+size_t state_bytes(const Model& m, int64_t length) {
+    const int64_t blocks = (length + 15) / 16;
+    return m.layers.size() * (size_t)(blocks * 16 + length) * m.kv_width() * 2;
 }
+
+size_t seq_state_bytes(const Model& m, const Seq& s) { return state_bytes(m, s.length); }
 
 void seq_state_get(const Model& m, const Seq& s, uint8_t* out) {
     const size_t kb = (size_t)((s.length + 15) / 16 * 16 * m.kv_width()) * 2, vb = (size_t)(s.length * m.kv_width()) * 2;
@@ -120,7 +122,9 @@ void seq_state_get(const Model& m, const Seq& s, uint8_t* out) {
     }
 }
 
-void seq_state_set(const Model& m, Seq& s, const uint8_t* in, int64_t length) {
+void seq_state_set(const Model& m, Seq& s, const uint8_t* in, size_t nbytes, int64_t length) {
+    // a copy from seq_state_get holds exactly state_bytes(length): anything else is not one
+    if (length < 0 || nbytes != state_bytes(m, length)) throw std::invalid_argument("not a copy of a cache");
     seq_reserve(m, s, length);
     const size_t kb = (size_t)((length + 15) / 16 * 16 * m.kv_width()) * 2, vb = (size_t)(length * m.kv_width()) * 2;
     for (size_t l = 0; l < m.layers.size(); l++) {

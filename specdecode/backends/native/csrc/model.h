@@ -66,7 +66,7 @@ void seq_reserve(const Model& m, Seq& s, int64_t positions);
 void seq_keep(const Model& m, Seq& s, const int64_t* src, int n);
 size_t seq_state_bytes(const Model& m, const Seq& s);
 void seq_state_get(const Model& m, const Seq& s, uint8_t* out);
-void seq_state_set(const Model& m, Seq& s, const uint8_t* in, int64_t length);
+void seq_state_set(const Model& m, Seq& s, const uint8_t* in, size_t nbytes, int64_t length);
 
 // logits: [sum of rows' n_logits][vocab], rows in order.
 void forward(Model& m, Row* rows, int n_rows, float* logits);
