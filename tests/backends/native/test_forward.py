@@ -221,8 +221,10 @@ def test_the_model_protocol(weights):
 
 def test_bad_input_is_refused_in_one_line(weights, gguf, tmp_path):
     model = NativeModel(weights)
-    with pytest.raises(ValueError, match="outside the vocabulary"):
+    with pytest.raises(ValueError, match="not an integer in the vocabulary"):
         model.forward([tiny.VOCAB], 1)
+    with pytest.raises(ValueError, match="not an integer in the vocabulary"):
+        model.forward([1.7], 1)  # once run as token 1
     with pytest.raises(ValueError, match="n_logits"):
         model.forward([1, 2], 3)
     with pytest.raises(ValueError, match="exceed the context of 512"):
