@@ -6,6 +6,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
+from specdecode.audit.verdict import not_rejected
 from specdecode.stats import chi_square
 
 
@@ -26,8 +27,7 @@ class LawCheck:
 
     @property
     def passed(self) -> bool:
-        """Not rejected: an untested check fails nothing (the report calls it inconclusive)."""
-        return self.p_value is None or self.p_value >= self.level
+        return not_rejected(self.p_value, self.level)
 
 
 def law_check(name: str, samples: list, cells: dict, rest: float, level: float, seconds: float) -> LawCheck:

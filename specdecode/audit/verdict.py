@@ -13,3 +13,9 @@ def verdict(failed: bool, doubts: Sequence[str] = ()) -> str:
     """"fail" if a check failed; else "inconclusive" if anything kept the audit from concluding (the
     doubts: a control unseen, a check without a test); else "pass"."""
     return "fail" if failed else "inconclusive" if doubts else "pass"
+
+
+def not_rejected(p_value: float | None, level: float) -> bool:
+    """A test passes unless its p-value falls below its level; an untested one (None) fails nothing
+    (its report calls it inconclusive instead)."""
+    return p_value is None or p_value >= level

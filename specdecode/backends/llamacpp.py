@@ -30,6 +30,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from specdecode.backends.cpu import default_threads
 from specdecode.backends.protocol import Model, Row, Snapshot
 from specdecode.checks import SettingError
 from specdecode.core.tree import tree_depths
@@ -85,14 +86,6 @@ def yield_torch_threads() -> None:
 
 
 MAX_THREADS = 512  # GGML_MAX_N_THREADS: llama.cpp aborts the process (std::bad_alloc) far above it
-
-
-def default_threads() -> int:
-    """The machine's cores available to this process (llama.cpp's own default is similar)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
 
 
 @dataclass(frozen=True, slots=True)

@@ -218,7 +218,7 @@ def build_llamacpp_native(target: str | None, threads: int, n_ctx: int,
     from llama_cpp import Llama
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-    from specdecode.backends.llamacpp import default_threads
+    from specdecode.backends.cpu import default_threads
     from specdecode.backends.weights import EMBEDDED, ensure_gguf
 
     path = str(ensure_gguf(EMBEDDED["target"], progress=False) if target in (None, "embedded") else target)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 from specdecode.cli.flags import cli_setting
@@ -178,7 +177,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 def load_decoder(args: argparse.Namespace, speculative: bool = True):
     from specdecode.engine.decoder import SpeculativeDecoder
 
-    cores = len(os.sched_getaffinity(0))
+    from specdecode.backends.cpu import default_threads
+
+    cores = default_threads()
     if args.threads > cores:  # allowed (a container may see fewer cores than it gets), but rarely meant
         err_console.print(f"[yellow]note:[/] --threads {args.threads} is more than the {cores} cores this process "
                           f"may use: the passes will wait on each other (0 = one thread a core)", highlight=False)

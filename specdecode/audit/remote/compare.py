@@ -21,6 +21,7 @@ from typing import Callable, Hashable, Sequence
 from specdecode.audit.checks import law_check
 from specdecode.audit.remote.client import Answer
 from specdecode.audit.remote.plan import Group
+from specdecode.audit.verdict import not_rejected
 from specdecode.stats import chi_square_two_sample, detectable_tv, two_sample_cells
 
 END = "<end>"  # an answer that ended before j tokens
@@ -79,7 +80,7 @@ class Comparison:
 
     @property
     def passed(self) -> bool:
-        return self.p_value is None or self.p_value >= self.level
+        return not_rejected(self.p_value, self.level)
 
 
 def two_sample(group: str, statistic: str, a: Sequence[Hashable], b: Sequence[Hashable], level: float,

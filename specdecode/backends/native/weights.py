@@ -25,6 +25,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from specdecode.backends.cpu import default_threads
 from specdecode.backends.native import library as lib_
 from specdecode.backends.native.gguf_layout import Layout, read_layout
 from specdecode.checks import SettingError
@@ -41,14 +42,6 @@ LAYER_MATRICES = {"attn_q": "wq", "attn_k": "wk", "attn_v": "wv", "attn_output":
                   "ffn_gate": "gate", "ffn_up": "up", "ffn_down": "down"}
 LAYER_VECTORS = {"attn_norm.weight": "attn_norm", "ffn_norm.weight": "ffn_norm",
                  "attn_q.bias": "bq", "attn_k.bias": "bk", "attn_v.bias": "bv"}
-
-
-def default_threads() -> int:
-    """The machine's cores available to this process."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
 
 
 @dataclass(frozen=True, slots=True)
