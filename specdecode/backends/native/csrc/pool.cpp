@@ -19,14 +19,20 @@ Pool::Pool(int threads, int spin_us) : n_(threads < 1 ? 1 : threads), spin_us_(s
 Pool::~Pool() {
     stop_.store(true);
     generation_.fetch_add(1);
-    generation_.notify_all();
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        wake_.notify_all();
+    }
     for (auto& t : threads_) t.join();
 }
 
 void Pool::dispatch() {
     pending_.store(n_ - 1, std::memory_order_relaxed);
     generation_.fetch_add(1, std::memory_order_seq_cst);
-    if (sleeping_.load(std::memory_order_seq_cst) > 0) generation_.notify_all();
+    if (sleeping_.load(std::memory_order_seq_cst) > 0) {  // a worker that saw no new region is (or will be) waiting
+        std::lock_guard<std::mutex> lock(mutex_);
+        wake_.notify_all();
+    }
     fn_(ctx_, 0, n_);
     // spin for the others; on a machine with other busy processes a worker may have lost its core,
     // and yielding hands it back instead of burning this one's timeslice
@@ -48,8 +54,13 @@ void Pool::loop(int w) {
             cpu_relax();
             if ((i & 1023) == 1023) std::this_thread::yield();
             if ((i & 255) == 255 && std::chrono::steady_clock::now() - start > std::chrono::microseconds(spin_us_)) {
+                // a mutex and condition variable, not atomic wait/notify: libstdc++'s atomic waits have lost
+                // wake-ups (a worker asleep through a region, its dispatcher spinning for it for ever).
+                // sleeping_ is raised before the generation is read again, and dispatch() raises the
+                // generation before reading sleeping_: one of the two sees the other.
+                std::unique_lock<std::mutex> lock(mutex_);
                 sleeping_.fetch_add(1, std::memory_order_seq_cst);
-                generation_.wait(seen, std::memory_order_seq_cst);  // returns at once if it moved on
+                wake_.wait(lock, [&] { return generation_.load(std::memory_order_seq_cst) != seen; });
                 sleeping_.fetch_sub(1, std::memory_order_seq_cst);
                 start = std::chrono::steady_clock::now();
             }

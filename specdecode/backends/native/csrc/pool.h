@@ -1,11 +1,13 @@
 // A fixed pool of threads for the parallel parts of a pass. The calling thread is worker 0, so
 // `threads` = the machine's cores uses every core. Between the ~150 parallel regions of a pass
 // the workers spin (a region starts within a microsecond); after `spin_us` without work they
-// sleep on a futex, so an idle engine (a server between requests) costs no CPU.
+// sleep on a condition variable, so an idle engine (a server between requests) costs no CPU.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -49,6 +51,8 @@ private:
     std::atomic<int> pending_{0};
     std::atomic<int> sleeping_{0};
     std::atomic<bool> stop_{false};
+    std::mutex mutex_;  // with wake_: a worker's sleep between regions
+    std::condition_variable wake_;
     void (*fn_)(void*, int, int) = nullptr;
     void* ctx_ = nullptr;
 };
