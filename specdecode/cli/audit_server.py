@@ -55,7 +55,7 @@ def add_server_args(p: argparse.ArgumentParser) -> list[argparse.Action]:
     g = p.add_argument_group("black-box audit of an OpenAI-compatible server (--server)")
     return [
         g.add_argument("--server", metavar="URL", help="audit this endpoint over HTTP (http://host:port or .../v1) "
-                                                       "instead of models in-process"),
+                                                       "instead of models in-process (default: none, the in-process audit)"),
         g.add_argument("--reference", metavar="URL", help="the reference without speculation (default: --server, "
                                                           "with --reference-body turning speculation off)"),
         g.add_argument("--body", type=json_object, default=None, metavar="JSON",
@@ -65,7 +65,8 @@ def add_server_args(p: argparse.ArgumentParser) -> list[argparse.Action]:
                        help="fields merged into every request to the reference (default with one URL, on our "
                             "server: '{\"specdecode\": {\"speculative\": false}}')"),
         g.add_argument("--model", help="the model to ask for (default: the first of GET /v1/models)"),
-        g.add_argument("--reference-model", help="the reference's model, if it serves it by another name"),
+        g.add_argument("--reference-model", help="the reference's model, if it serves it by another name "
+                                                  "(default: --model's)"),
         g.add_argument("--api-key", default=None, help="bearer key sent to both (default: $OPENAI_API_KEY)"),
         g.add_argument("--concurrency", type=positive_int, default=4, help="requests in flight at once (default 4)"),
         g.add_argument("--timeout", type=positive_finite, default=120.0, help="seconds for one answer (default 120)"),
@@ -73,7 +74,7 @@ def add_server_args(p: argparse.ArgumentParser) -> list[argparse.Action]:
                        help="tries of a request that met a 429/503 (after its Retry-After), a dropped connection "
                             "or a timeout (default 6)"),
         g.add_argument("--prompts", metavar="FILE", help="a JSON list of prompts: strings (completions) or "
-                                                         "objects with \"prompt\" or \"messages\", and \"stop\""),
+                                                         "objects with \"prompt\" or \"messages\", and \"stop\" (default: the built-in set)"),
         g.add_argument("--setting", type=setting, action="append", default=None, metavar="K=V,...",
                        help="a sampling setting to audit, e.g. temperature=0.7,top_p=0.9 (repeatable; keys "
                             "temperature, top_p, top_k, min_p; default: a sweep of five, quick two)"),
