@@ -81,7 +81,9 @@ LOADS_DRAFT = ("auto", "model")  # the drafters that run a draft model
 
 def _check_backend_options(backend: str, dtype: str, draft_int8: bool | None, draft_vocab: int | None,
                            threads: int, n_ctx: int) -> None:
-    if backend in ("native", "llama.cpp"):
+    from specdecode.backends.weights import GGUF_BACKENDS
+
+    if backend in GGUF_BACKENDS:
         if dtype != "auto":
             raise SettingError(f"{{dtype={dtype}}} applies to the transformers backend; {backend} runs the "
                                f"GGUF's own weights (add {{backend=transformers}} to choose a dtype)")
