@@ -119,9 +119,10 @@ def resolve_backend(backend: str, ref: str | os.PathLike | None, device: str) ->
             return "transformers"
         from specdecode.backends.native import unavailable
 
-        why = unavailable()
+        why = unavailable() or _why_not_native(ref)
         if why:
-            print(f"note: the native backend cannot run here ({why}); using llama.cpp", file=sys.stderr)
+            print(f"note: the native backend cannot run {'here' if unavailable() else 'this model'} ({why}); "
+                  f"using llama.cpp", file=sys.stderr)
             return "llama.cpp"
         return "native"
     if backend in GGUF_BACKENDS:
@@ -138,6 +139,20 @@ def resolve_backend(backend: str, ref: str | os.PathLike | None, device: str) ->
         if why:
             raise SettingError(f"the native backend cannot run here: {why} (use {{backend=llama.cpp}})")
     return backend
+
+
+def _why_not_native(ref: str | os.PathLike | None) -> str | None:
+    """Why our kernels cannot run the GGUF file `ref` (None for the embedded pair, which they run, and
+    for a file that cannot be read: loading it names the problem)."""
+    if ref is None or str(ref) == "embedded" or not Path(ref).is_file():
+        return None
+    from specdecode.backends.native.gguf_layout import read_layout
+    from specdecode.backends.native.weights import why_not_native
+
+    try:
+        return why_not_native(read_layout(Path(ref), cache_dir() / "native"))
+    except (ValueError, OSError):
+        return None
 
 
 def load_model(ref: str | os.PathLike | None, role: str, dtype: torch.dtype, device: str,

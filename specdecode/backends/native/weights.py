@@ -44,6 +44,21 @@ LAYER_VECTORS = {"attn_norm.weight": "attn_norm", "ffn_norm.weight": "ffn_norm",
                  "attn_q.bias": "bq", "attn_k.bias": "bk", "attn_v.bias": "bv"}
 
 
+def why_not_native(layout: Layout) -> str | None:
+    """Why the native backend cannot run the model of `layout` (its architecture, or a tensor of a type
+    our kernels do not read), or None; read from the GGUF's tensor table alone, so that
+    `--backend auto` can choose llama.cpp before loading anything."""
+    if layout.architecture not in ARCHITECTURES:
+        return f"the native backend runs the {', '.join(ARCHITECTURES)} architecture, not {layout.architecture}"
+    for tensor in layout.tensors.values():
+        kinds = EMBEDDING_TYPES if tensor.name == "token_embd.weight" else \
+            MATRIX_TYPES if tensor.name.endswith(".weight") and len(tensor.shape) == 2 else VECTOR_TYPES
+        if tensor.type not in kinds:
+            return (f"its tensor {tensor.name} is {TYPE_NAMES.get(tensor.type, f'type {tensor.type}')}, which the "
+                    f"native kernels do not read (they read {', '.join(dict.fromkeys(kinds.values()))})")
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class NativeSettings:
     """How the native backend runs a model.
@@ -102,8 +117,7 @@ class NativeWeights:
         self.kernel = lib_.kernel_name(settings.kernel)
         layout = read_layout(self.path, cache)
         if layout.architecture not in ARCHITECTURES:
-            raise ValueError(f"the native backend runs the {', '.join(ARCHITECTURES)} architecture; {self.name} is "
-                             f"{layout.architecture} (use the llama.cpp backend)")
+            raise ValueError(f"{self.name}: {why_not_native(layout)} (use the llama.cpp backend)")
         self.layout = layout
         self.n_layer = int(layout.field("block_count"))
         self.n_embd = int(layout.field("embedding_length"))

@@ -42,7 +42,7 @@ class Tiny:
         return np.stack([ggml.dequantize(row, kind, cols) for row in data]).astype(np.float64)
 
 
-def build(path: Path, seed: int = 0, tied: bool = False) -> Tiny:
+def build(path: Path, seed: int = 0, tied: bool = False, architecture: str = "qwen2") -> Tiny:
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -62,7 +62,7 @@ def build(path: Path, seed: int = 0, tied: bool = False) -> Tiny:
             floats[f"blk.{layer}.{name}"] = (1 + 0.1 * rng.standard_normal(size)).astype(np.float32)
         for name, size in (("attn_q.bias", N_EMBD), ("attn_k.bias", N_KV * HEAD_DIM), ("attn_v.bias", N_KV * HEAD_DIM)):
             floats[f"blk.{layer}.{name}"] = (0.1 * rng.standard_normal(size)).astype(np.float32)
-    writer = gguf.GGUFWriter(str(path), "qwen2")
+    writer = gguf.GGUFWriter(str(path), architecture)
     writer.add_block_count(N_LAYER)
     writer.add_context_length(512)
     writer.add_embedding_length(N_EMBD)
