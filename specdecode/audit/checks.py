@@ -6,12 +6,12 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
-from specdecode.audit.verdict import not_rejected
+from specdecode.audit.verdict import LevelTest
 from specdecode.stats import chi_square
 
 
 @dataclass(frozen=True, slots=True)
-class LawCheck:
+class LawCheck(LevelTest):
     name: str
     samples: int
     p_value: float | None  # None: too few samples for a test (stats.chi_square)
@@ -20,14 +20,6 @@ class LawCheck:
     tv_bound: float  # TV(engine law, exact law) <= tv_bound (<= 1) with probability >= 1 - level
     categories: int
     seconds: float
-
-    @property
-    def tested(self) -> bool:
-        return self.p_value is not None
-
-    @property
-    def passed(self) -> bool:
-        return not_rejected(self.p_value, self.level)
 
 
 def law_check(name: str, samples: list, cells: dict, rest: float, level: float, seconds: float) -> LawCheck:

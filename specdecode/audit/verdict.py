@@ -19,3 +19,20 @@ def not_rejected(p_value: float | None, level: float) -> bool:
     """A test passes unless its p-value falls below its level; an untested one (None) fails nothing
     (its report calls it inconclusive instead)."""
     return p_value is None or p_value >= level
+
+
+class LevelTest:
+    """Mixed into the record of one test (it has `p_value`, None when the test could not run, and
+    `level`): whether it ran, and whether it passed."""
+
+    __slots__ = ()
+    p_value: float | None
+    level: float
+
+    @property
+    def tested(self) -> bool:
+        return self.p_value is not None
+
+    @property
+    def passed(self) -> bool:
+        return not_rejected(self.p_value, self.level)

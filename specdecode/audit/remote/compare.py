@@ -21,7 +21,7 @@ from typing import Callable, Hashable, Sequence
 from specdecode.audit.checks import law_check
 from specdecode.audit.remote.client import Answer
 from specdecode.audit.remote.plan import Group
-from specdecode.audit.verdict import not_rejected
+from specdecode.audit.verdict import LevelTest
 from specdecode.stats import chi_square_two_sample, detectable_tv, two_sample_cells
 
 END = "<end>"  # an answer that ended before j tokens
@@ -55,7 +55,7 @@ def _end(a: Answer):
 
 
 @dataclass(frozen=True, slots=True)
-class Comparison:
+class Comparison(LevelTest):
     """One test: the endpoint's answers against the reference's (two samples), or against the law the
     reference reports (logprobs)."""
 
@@ -73,14 +73,6 @@ class Comparison:
     @property
     def name(self) -> str:
         return f"{self.group}: {self.statistic}"
-
-    @property
-    def tested(self) -> bool:
-        return self.p_value is not None
-
-    @property
-    def passed(self) -> bool:
-        return not_rejected(self.p_value, self.level)
 
 
 def two_sample(group: str, statistic: str, a: Sequence[Hashable], b: Sequence[Hashable], level: float,
