@@ -36,51 +36,31 @@ import argparse
 import json
 import platform
 import shlex
-import socket
 import subprocess
 import sys
 import time
 from datetime import date
 from pathlib import Path
 
-import httpx
+from specdecode.server.launch import ServerProcess, free_port
 
 CASES = ("ours", "llama-draft", "llama-ngram", "lcp-lookup")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
+class Server(ServerProcess):
     """A server process, up once GET /v1/models answers; its log goes to `log`."""
 
     def __init__(self, name: str, cmd: list[str], port: int, log: Path) -> None:
-        self.name, self.cmd, self.url = name, cmd, f"http://127.0.0.1:{port}"
         self.log = log.open("w")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 900  # our server calibrates adaptive K once per machine (minutes)
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with {self.proc.returncode} (its log: {log})")
-            try:
-                if httpx.get(self.url + "/v1/models", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        self.stop()
-        raise RuntimeError(f"{name} did not start within 900 s (its log: {log})")
+        try:  # our server calibrates adaptive K once per machine (minutes)
+            super().__init__(cmd, f"http://127.0.0.1:{port}", ready="/v1/models", timeout=900, output=self.log,
+                             name=f"{name} (its log: {log})")
+        except RuntimeError:
+            self.log.close()
+            raise
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        super().stop()
         self.log.close()
 
 

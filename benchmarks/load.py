@@ -31,9 +31,9 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import shlex
 import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -42,35 +42,18 @@ from pathlib import Path
 import httpx
 
 from specdecode.bench.harness import load_prompts
+from specdecode.server.launch import ServerProcess
 
 
-class Server:
+class Server(ServerProcess):
     def __init__(self, port: int, *flags: str, cmd: list[str] | None = None) -> None:
         """`specdecode serve` with `flags`, or the command `cmd` (another server on `port`)."""
-        self.url = f"http://127.0.0.1:{port}"
         with socket.socket() as probe:  # a server already there would answer the health checks meant for this one
             if probe.connect_ex(("127.0.0.1", port)) == 0:
                 raise SystemExit(f"port {port} is in use: stop what listens there or pass --port with a free one")
         cmd = cmd or [sys.executable, "-m", "specdecode", "serve", "--port", str(port), "--queue-size", "64", *flags]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.time() + 600  # the first start may calibrate the batch pass sizes
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server {flags} exited with {self.proc.returncode}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.5)
-        self.stop()
-        raise RuntimeError("server did not start")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        # the first start may calibrate the batch pass sizes
+        super().__init__(cmd, f"http://127.0.0.1:{port}", timeout=600, name=f"the server {shlex.join(cmd)}")
 
 
 def llama_server_command(binary: Path, port: int, slots: int) -> list[str]:
