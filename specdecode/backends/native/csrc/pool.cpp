@@ -13,7 +13,11 @@ inline void cpu_relax() {
 }  // namespace
 
 Pool::Pool(int threads, int spin_us) : n_(threads < 1 ? 1 : threads), spin_us_(spin_us) {
-    for (int w = 1; w < n_; w++) threads_.emplace_back([this, w] { loop(w); });
+    // each worker starts from the generation before any region: a thread that first runs after the
+    // first dispatch (its start can take milliseconds on a busy machine) must still see that region
+    // as new, not take its generation as the one it has already seen
+    const uint32_t start = generation_.load();
+    for (int w = 1; w < n_; w++) threads_.emplace_back([this, w, start] { loop(w, start); });
 }
 
 Pool::~Pool() {
@@ -42,8 +46,7 @@ void Pool::dispatch() {
     }
 }
 
-void Pool::loop(int w) {
-    uint32_t seen = generation_.load();
+void Pool::loop(int w, uint32_t seen) {
     for (;;) {
         // wait for the next region: spin for spin_us, then sleep until dispatch() wakes us
         auto start = std::chrono::steady_clock::now();
@@ -54,10 +57,9 @@ void Pool::loop(int w) {
             cpu_relax();
             if ((i & 1023) == 1023) std::this_thread::yield();
             if ((i & 255) == 255 && std::chrono::steady_clock::now() - start > std::chrono::microseconds(spin_us_)) {
-                // a mutex and condition variable, not atomic wait/notify: libstdc++'s atomic waits have lost
-                // wake-ups (a worker asleep through a region, its dispatcher spinning for it for ever).
-                // sleeping_ is raised before the generation is read again, and dispatch() raises the
-                // generation before reading sleeping_: one of the two sees the other.
+                // sleeping_ is raised before the generation is read again (under the mutex), and
+                // dispatch() raises the generation before reading sleeping_: one of the two sees the
+                // other, so a region never starts unseen by a sleeping worker.
                 std::unique_lock<std::mutex> lock(mutex_);
                 sleeping_.fetch_add(1, std::memory_order_seq_cst);
                 wake_.wait(lock, [&] { return generation_.load(std::memory_order_seq_cst) != seen; });

@@ -42,7 +42,7 @@ public:
 
 private:
     void dispatch();
-    void loop(int w);
+    void loop(int w, uint32_t seen);
 
     int n_;
     int spin_us_;
