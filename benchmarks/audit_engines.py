@@ -96,6 +96,11 @@ def servers_for(case: str, args, logs: Path) -> tuple[list[tuple[str, list[str],
         return [("llama-server, speculative", llama_server(args.llama_server, target, on, 1, *spec), on),
                 ("llama-server, plain", llama_server(args.llama_server, target, off, 1), off)], audit
     if case == "lcp-lookup":
+        import importlib.util
+
+        if importlib.util.find_spec("sse_starlette") is None:  # else its server dies at import, log only
+            raise SystemExit("the lcp-lookup case needs llama-cpp-python's server: "
+                             "pip install 'llama-cpp-python[server]==0.3.36'")
         return [("llama-cpp-python server, prompt lookup",
                  lcp_server(target, on, 1, "--draft_model", "prompt-lookup-decoding",
                             "--draft_model_num_pred_tokens", "10"), on),

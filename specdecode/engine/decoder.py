@@ -104,7 +104,7 @@ class SpeculativeDecoder(Engine):
         threads / n_ctx: llama.cpp only (0 = the machine's cores / the model's context; with
         max_batch > 1 the context of each sequence, by default 32768 tokens shared out).
         max_batch: sequences decoded at once by `generate_many`/`stream_many` and the server
-        (0 = auto: DEFAULT_MAX_BATCH on llama.cpp, 1 on transformers, whose sequences of a batch
+        (0 = auto: DEFAULT_MAX_BATCH on the GGUF backends, 1 on transformers, whose sequences of a batch
         run one pass each).
         recalibrate: measure adaptive K's costs anew instead of reading them from the cache
         directory, where they are kept per machine, model, backend and drafter.
