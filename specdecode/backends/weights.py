@@ -119,9 +119,10 @@ def resolve_backend(backend: str, ref: str | os.PathLike | None, device: str) ->
             return "transformers"
         from specdecode.backends.native import unavailable
 
-        why = unavailable() or _why_not_native(ref)
+        here = unavailable()
+        why = here or _why_not_native(ref)
         if why:
-            print(f"note: the native backend cannot run {'here' if unavailable() else 'this model'} ({why}); "
+            print(f"note: the native backend cannot run {'here' if here else 'this model'} ({why}); "
                   f"using llama.cpp", file=sys.stderr)
             return "llama.cpp"
         return "native"

@@ -33,8 +33,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="requests allowed to wait for a slot, then 429 (default 16)")
     p.add_argument("--max-batch", type=batch_size, default=0,
                    help="requests decoded at once, continuous batching: one target pass per round for all "
-                        "(default 0 = auto: 4 on the GGUF backends, native and llama.cpp, 1 on transformers; on llama.cpp each sequence's "
-                        "context is then --n-ctx, or 32768 tokens shared out)")
+                        "(default 0 = auto: 4 on the GGUF backends, native and llama.cpp, 1 on transformers; on "
+                        "llama.cpp each sequence's context is then --n-ctx, or 32768 tokens shared out)")
     p.add_argument("--prompt-cache-mb", type=non_negative_int, default=1024,
                    help="host memory for copies of finished requests' prompt and output K/V, restored when a later "
                         "prompt starts the same way (a shared system prompt, a chat's earlier turns) instead of "
