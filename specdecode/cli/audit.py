@@ -5,13 +5,21 @@ from __future__ import annotations
 import argparse
 
 from specdecode.cli.audit_server import add_server_args, run_server_audit
-from specdecode.cli.generate import add_model_args, load_decoder, non_negative_int, positive_int, seed_int
+from specdecode.cli.generate import add_model_args, int_in, load_decoder, non_negative_int, positive_int, seed_int
 from specdecode.cli.output import console, emit_json, table
 from specdecode.audit.verdict import EXIT
 from specdecode.core import VERIFY_RULES
 
 DEFAULT_PROMPTS = ["Write a Python function that reverses a string.", "def fibonacci(n):"]
 NEIGHBOUR_PROMPTS = ["import numpy as np\n\n", "The quick brown fox"]  # --batched: the audited row's neighbours
+
+
+MAX_SAMPLES = 100_000  # more is days of sampling in-process, and far more requests than a server's audit needs
+
+
+def sample_count(text: str) -> int:
+    """argparse type: --samples, 1 to MAX_SAMPLES."""
+    return int_in(text, 1, MAX_SAMPLES, f"an integer from 1 to {MAX_SAMPLES:,}")
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -29,7 +37,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature > 0 (default 1)")
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0 = off)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (default 1 = off)")
-    p.add_argument("--samples", type=positive_int, default=None,
+    p.add_argument("--samples", type=sample_count, default=None,
                    help="rounds per law check (default 400; quick 200); with --server, answers per side per group "
                         "(default 300; quick 200)")
     p.add_argument("--greedy-tokens", type=non_negative_int, default=None,
@@ -52,22 +60,48 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     shared = {"samples", "greedy_tokens", "level", "quick", "json", "help"}
     in_process = [a for a in p._actions if a.dest not in shared]
     server = add_server_args(p)
-    p.set_defaults(func=run_audit_cmd, in_process_options=in_process, server_options=server)
+    p.set_defaults(func=run_audit_cmd, in_process_options=in_process, server_options=server, all_options=p._actions)
 
 
 def check_mode(args: argparse.Namespace) -> None:
-    """A ValueError for an option given that the audit's mode (in-process, or --server) does not read."""
-    unused = args.in_process_options if args.server else args.server_options[1:]
-    given = [a for a in unused if getattr(args, a.dest) != a.default]
-    if given:
-        option = given[0].option_strings[0]
-        raise ValueError(f"{option} applies to the in-process audit, not to --server (the settings are swept: see "
-                         f"--setting)" if args.server else f"{option} applies to the audit of a server: give --server URL")
+    """A ValueError for an option given that the audit's mode (in-process, or --server) does not read, even
+    at its default value (`--temperature 1` with --server would be ignored, and say nothing)."""
+    server = args.server is not None
+    unused = args.in_process_options if server else args.server_options[1:]
+    given = [a for a in given_options(args.all_options, args.argv) if a in unused] if hasattr(args, "argv") else \
+        [a for a in unused if getattr(args, a.dest) != a.default]
+    if not given:
+        return
+    option = given[0].option_strings[0]
+    if not server:
+        raise ValueError(f"{option} applies to the audit of a server: give --server URL")
+    fix = SERVER_FIXES.get(given[0].dest, "the settings are swept: give them with --setting K=V,...")
+    raise ValueError(f"{option} applies to the in-process audit, not to --server ({fix})")
+
+
+# with --server, where the in-process audit's options have their counterparts
+SERVER_FIXES = {"prompt": "give prompts in a JSON file with --prompts FILE", "chat": "give chat prompts as "
+                "{\"messages\": [...]} in --prompts FILE", "seed": "a server's answers carry its own randomness"}
+
+
+def given_options(actions: list[argparse.Action], argv: list[str]) -> list[argparse.Action]:
+    """The actions among `actions` (all of a parser's) that the command line names, as argparse reads it:
+    `--opt`, `--opt=v`, or a unique prefix of a long option (an exact name wins: `--prompt` is not `--prompts`)."""
+    given = []
+    for token in argv[: argv.index("--")] if "--" in argv else argv:
+        if not token.startswith("-") or token == "-":
+            continue
+        name = token.split("=", 1)[0]
+        exact = [a for a in actions if name in a.option_strings]
+        prefix = [a for a in actions if name.startswith("--") and len(name) > 2
+                  and any(o.startswith(name) for o in a.option_strings)]
+        given += [a for a in (exact or prefix) if a not in given]
+    return given
 
 
 def run_audit_cmd(args: argparse.Namespace) -> int:
     check_mode(args)
-    if args.server:
+    if args.server is not None:
         return run_server_audit(args)
     from specdecode.audit import AuditConfig, run_audit
     from specdecode.core.probs import SamplingParams

@@ -10,6 +10,7 @@ from specdecode.cli.generate import positive_int, positive_finite
 from specdecode.cli.output import console, emit_json, print_error, table
 
 QUICK_SAMPLES, FULL_SAMPLES = 200, 300
+MIN_SAMPLES = 20  # answers a side per group: the chi-square approximation's least
 QUICK_GREEDY, FULL_GREEDY = 16, 32
 QUICK_BOUNDARY, FULL_BOUNDARY = 0, 16
 # A temperature x1.25 moves the embedded pair's first-three-token laws by a TV of about 0.1 to 0.15, which 200
@@ -21,10 +22,13 @@ AUDIT_FIELDS = {"model", "prompt", "messages", "max_tokens", "max_completion_tok
 
 def json_object(text: str) -> dict:
     """argparse type: --body and --reference-body, a JSON object whose fields the audit does not set itself."""
+    from specdecode.audit.remote.plan import strict_json
+
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not JSON ({exc.msg} at character {exc.pos}): {text!r}") from None
+        value = strict_json(text)
+    except ValueError as exc:
+        shown = text if len(text) <= 80 else text[:77] + "..."
+        raise argparse.ArgumentTypeError(f"not JSON ({exc}): {shown!r}") from None
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(f"must be a JSON object such as '{{\"specdecode\": {{\"speculative\": "
                                          f"false}}}}', got {text!r}")
@@ -93,6 +97,45 @@ def add_server_args(p: argparse.ArgumentParser) -> list[argparse.Action]:
     ]
 
 
+def check_options(args: argparse.Namespace) -> None:
+    """A ValueError naming the option for a value the audit cannot use (argparse's types check the rest)."""
+    if args.boundary_tokens is not None and args.boundary_tokens < 0:
+        raise ValueError(f"--boundary-tokens must be >= 0, got {args.boundary_tokens}")
+    if args.top_logprobs < 0:
+        raise ValueError(f"--top-logprobs must be >= 0, got {args.top_logprobs}")
+    if args.samples is not None and args.samples < MIN_SAMPLES:
+        raise ValueError(f"--samples must be >= {MIN_SAMPLES} with --server (answers a side per group, for the "
+                         f"chi-square approximation), got {args.samples}")
+    if not 0 < args.level < 0.9:
+        raise ValueError(f"--level must be in (0, 0.9), below the 90% power of the detectable-TV figures, got "
+                         f"{args.level:g}")
+    if args.control_factor == 1:
+        raise ValueError("--control-factor must not be 1: the control is the reference at another temperature")
+    twice = sorted({n for n in args.max_tokens if args.max_tokens.count(n) > 1})
+    if twice:
+        raise ValueError(f"--max-tokens gives {twice[0]} twice: each value is a group of its own, give it once")
+    settings = args.setting or []
+    if len(set(settings)) < len(settings):
+        raise ValueError("--setting gives the same setting twice: each is audited once, give it once")
+    for option, value in (("--model", args.model), ("--reference-model", args.reference_model)):
+        if value is not None and not value.strip():
+            raise ValueError(f"{option} is empty: give a model the server lists at /v1/models, or leave {option} "
+                             f"out for the first one")
+
+
+def api_key(given: str | None) -> str | None:
+    """The bearer key: --api-key, else $OPENAI_API_KEY, else none; one that no HTTP header can carry is an error
+    here, not a traceback at the first request."""
+    if given is not None and not given:
+        raise ValueError("--api-key is empty: give the key, or leave --api-key out to use $OPENAI_API_KEY")
+    key, where = (given, "--api-key") if given is not None else (os.environ.get("OPENAI_API_KEY") or None,
+                                                                 "$OPENAI_API_KEY")
+    if key is not None and not all(33 <= ord(c) < 127 for c in key):
+        raise ValueError(f"{where} holds a character an HTTP header cannot carry (a space, a line break or a "
+                         f"non-ASCII letter): give the key exactly as issued")
+    return key
+
+
 def run_server_audit(args: argparse.Namespace) -> int:
     from specdecode.audit.remote import EndpointError, RemoteConfig, Side, run_remote_audit
     from specdecode.audit.remote.client import base_url
@@ -101,13 +144,10 @@ def run_server_audit(args: argparse.Namespace) -> int:
     from specdecode.audit.verdict import EXIT, NOT_RUN
     from specdecode.cli import INTERRUPTED
 
-    if args.boundary_tokens is not None and args.boundary_tokens < 0:
-        raise ValueError(f"--boundary-tokens must be >= 0, got {args.boundary_tokens}")
-    if args.top_logprobs < 0:
-        raise ValueError(f"--top-logprobs must be >= 0, got {args.top_logprobs}")
+    check_options(args)
     url = base_url(args.server, "--server")
-    reference_url = base_url(args.reference, "--reference") if args.reference else url
-    key = args.api_key or os.environ.get("OPENAI_API_KEY") or None
+    reference_url = base_url(args.reference, "--reference") if args.reference is not None else url
+    key = api_key(args.api_key)
     reference_body = args.reference_body
     if reference_body is None and reference_url != url:
         reference_body = {}  # None: the audit finds it (our server's switch), or says what to give
@@ -171,7 +211,7 @@ def print_report(report) -> None:
         console.print(gain)
     if report.interrupted:
         console.print(f"[yellow]interrupted[/] after {report.sent} of {report.planned} requests: the tests above are on "
-                      f"what had arrived; no verdict")
+                      f"what had arrived; overall: [yellow]INCONCLUSIVE[/] (rerun it whole)")
         return
     overall = {"pass": "[green]PASS[/]", "fail": "[red]FAIL[/]",
                "inconclusive": f"[yellow]INCONCLUSIVE[/] (no check failed, but {report.advice})"}

@@ -20,17 +20,17 @@ STYLE = {"draft": "green", "alternative": "magenta", "correction": "yellow", "bo
 
 def non_negative_int(text: str) -> int:
     """argparse type: an integer >= 0 (a usage error, exit 2, otherwise)."""
-    return _int_in(text, 0, None, "an integer >= 0")
+    return int_in(text, 0, None, "an integer >= 0")
 
 
 def thread_count(text: str) -> int:
     """argparse type: llama.cpp threads, 0 (the machine's cores) to llama.cpp's limit (more aborted it)."""
-    return _int_in(text, 0, MAX_THREADS, f"an integer from 0 to {MAX_THREADS} (0 = the machine's cores)")
+    return int_in(text, 0, MAX_THREADS, f"an integer from 0 to {MAX_THREADS} (0 = the machine's cores)")
 
 
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
-    return _int_in(text, 1, None, "an integer >= 1")
+    return int_in(text, 1, None, "an integer >= 1")
 
 
 def seed_int(text: str) -> int:
@@ -72,15 +72,16 @@ def _float_where(text: str, ok, what: str) -> float:
 
 def batch_size(text: str) -> int:
     """argparse type: `--max-batch`, 0 (auto) to MAX_BATCH."""
-    return _int_in(text, 0, MAX_BATCH, f"an integer from 0 (auto) to {MAX_BATCH}")
+    return int_in(text, 0, MAX_BATCH, f"an integer from 0 (auto) to {MAX_BATCH}")
 
 
 def port_number(text: str) -> int:
     """argparse type: a TCP port, 1-65535 (`serve --port`)."""
-    return _int_in(text, 1, 65535, "a port number from 1 to 65535")
+    return int_in(text, 1, 65535, "a port number from 1 to 65535")
 
 
-def _int_in(text: str, low: int, high: int | None, what: str) -> int:
+def int_in(text: str, low: int, high: int | None, what: str) -> int:
+    """argparse type's core: an integer from `low` to `high` (None: no bound), else a usage error saying `what`."""
     try:
         value = int(text)
     except ValueError:

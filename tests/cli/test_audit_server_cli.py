@@ -166,6 +166,34 @@ def test_a_server_gone_mid_run(capsys):
     (["--server", "http://127.0.0.1:9", "--body", '{"temperature": 2}'], "which the audit sweeps"),
     (["--server", "http://127.0.0.1:9", "--body", "{}", "--reference-body", "{}"], "audits nothing"),
     (["--server", "http://127.0.0.1:9", "--setting", "top_p=0.5"], "give a temperature"),
+    # each of these is refused before any request (port 9 has no server: a check after connecting would say so)
+    (["--server", ""], "must be an http(s) URL"),
+    (["--server", "http://127.0.0.1:99999"], "port must be a number from 1 to 65535"),
+    (["--server", "http://127.0.0.1:abc"], "port must be a number from 1 to 65535"),
+    (["--server", "http://:8000"], "has no host name"),
+    (["--server", "http://127.0.0.1:9", "--reference", ""], "--reference must be an http(s) URL"),
+    (["--server", "http://127.0.0.1:9", "--body", '{"a": ' * 5000 + "1" + "}" * 5000], "nested too deep"),
+    (["--server", "http://127.0.0.1:9", "--body", '{"a": ' * 40 + "1" + "}" * 40], "nested deeper than 32"),
+    (["--server", "http://127.0.0.1:9", "--body", '{"x": NaN}'], "--body: not JSON (NaN is not a JSON value)"),
+    (["--server", "http://127.0.0.1:9", "--prompt", "hi"], "give prompts in a JSON file with --prompts FILE"),
+    (["--server", "http://127.0.0.1:9", "--temperature", "1"], "--temperature applies to the in-process audit"),
+    (["--server", "http://127.0.0.1:9", "--top-p=1"], "--top-p applies to the in-process audit"),
+    (["--server", "http://127.0.0.1:9", "--temp", "1"], "--temperature applies to the in-process audit"),
+    (["--server", "http://127.0.0.1:9", "--setting", "temperature=0.7,temperature=1"], "gives temperature twice"),
+    (["--server", "http://127.0.0.1:9", "--setting", "temperature=1,top_k=1.5"], "top_k must be a whole number"),
+    (["--server", "http://127.0.0.1:9", "--setting", "temperature=1", "--setting", "temperature=1.0"],
+     "--setting gives the same setting twice"),
+    (["--server", "http://127.0.0.1:9", "--max-tokens", "3", "3"], "--max-tokens gives 3 twice"),
+    (["--server", "http://127.0.0.1:9", "--model", ""], "--model is empty"),
+    (["--server", "http://127.0.0.1:9", "--reference-model", " "], "--reference-model is empty"),
+    (["--server", "http://127.0.0.1:9", "--samples", "1000000000"], "from 1 to 100,000"),
+    (["--server", "http://127.0.0.1:9", "--samples", "5"], "--samples must be >= 20"),
+    (["--server", "http://127.0.0.1:9", "--level", "2"], "--level must be in (0, 0.9)"),
+    (["--server", "http://127.0.0.1:9", "--control-factor", "1"], "--control-factor must not be 1"),
+    (["--server", "http://127.0.0.1:9", "--api-key", ""], "--api-key is empty"),
+    (["--server", "http://127.0.0.1:9", "--api-key", "sk-a b"], "--api-key holds a character"),
+    (["--server", "http://127.0.0.1:9", "--api-key", "sk-\u043a\u043b\u044e\u0447"], "--api-key holds a character"),
+    (["--server", "http://127.0.0.1:9", "--api-key", "sk-a\nb"], "--api-key holds a character"),
 ])
 def test_bad_options_are_one_line(capsys, argv, words):
     rc, _, err = run(capsys, *argv)
@@ -173,17 +201,51 @@ def test_bad_options_are_one_line(capsys, argv, words):
     one_line_error(err, words)
 
 
-def test_ctrl_c_says_what_it_had():
-    """SIGINT mid-sampling: the tests on what had arrived, 'interrupted after N of M requests', status 130."""
-    with Served(fake_app(delay=0.05)) as served:
-        proc = subprocess.Popen([sys.executable, "-m", "specdecode", "audit", "--server", served.url,
-                                 "--reference-body", OFF, "--quick", "--concurrency", "2"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, "COLUMNS": "200"})
-        deadline = time.time() + 120
-        while served.app.state.requests < 60 and time.time() < deadline and proc.poll() is None:
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
-    assert "interrupted after" in out and "no verdict" in out and "Traceback" not in err
+def test_a_key_in_the_environment_no_header_can_carry(capsys, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-a\nb")
+    rc, _, err = run(capsys, "--server", "http://127.0.0.1:9", "--reference-body", OFF)
+    assert rc == 2
+    one_line_error(err, "$OPENAI_API_KEY holds a character")
+
+
+@pytest.mark.parametrize("content,words", [
+    (None, "cannot read it"),  # a folder
+    ('[{"prompt": "a", "temperature": 0.7}]', "unknown field 'temperature'"),
+    ('[{"prompt": "a", "name": "x"}, {"prompt": "b", "name": "x"}]', "the name 'x' is given to more than one"),
+    ('[{"prompt": "a", "name": ""}]', "\"name\" must be a non-empty string"),
+    ("[" * 5000 + "]" * 5000, "nested too deep"),
+    ('[{"prompt": "a", "stop": [NaN]}]', "NaN is not a JSON value"),
+])
+def test_bad_prompt_files_are_one_line(capsys, tmp_path, content, words):
+    path = tmp_path / "prompts"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_text(content)
+    rc, _, err = run(capsys, "--server", "http://127.0.0.1:9", "--reference-body", OFF, "--prompts", str(path))
+    assert rc == 2
+    one_line_error(err, "--prompts", words)
+
+
+def test_a_reference_model_it_does_not_serve_names_reference_model(capsys, exact):
+    rc, _, err = run(capsys, "--server", exact, "--reference-body", OFF, "--reference-model", "nope", "--quick")
+    assert rc == 2
+    one_line_error(err, "does not serve model 'nope'", "give --reference-model")
+
+
+def test_in_process_options_at_their_defaults_are_fine_without_server(capsys, monkeypatch):
+    """The control of the mode checks: the same options without --server are the in-process audit's own
+    (it is stopped here at its first step, loading the models, by a missing file)."""
+    rc, _, err = run(capsys, "--temperature", "1", "--top-p", "1", "--target", "/nonexistent/t.gguf")
+    assert rc != 0 and "applies to" not in err
+
+
+def test_an_endpoint_without_draft_counts_gets_a_note(capsys, exact, tmp_path):
+    """The fake reports no usage.specdecode and, at one URL, its /metrics cannot say which side drafted: the
+    audit says it cannot show the endpoint speculated."""
+    prompts = tmp_path / "p.json"
+    prompts.write_text(json.dumps(["The colour of the sky is"]))
+    rc, out, _ = run(capsys, "--server", exact, "--reference-body", OFF, "--samples", "30", "--greedy-tokens", "0",
+                     "--setting", "temperature=1", "--prompts", str(prompts), "--json")
+    doc = json.loads(out.strip().splitlines()[-1])
+    assert any("cannot show that it speculated" in n for n in doc["notes"]), doc["notes"]

@@ -99,7 +99,7 @@ def test_bad_device_is_one_line(capsys, model_dirs, device, message):
     (["bench", "--prompts-per-set", "-1"], "argument --prompts-per-set: must be an integer >= 1"),
     (["bench", "--max-new-tokens", "0"], "argument --max-new-tokens: must be an integer >= 1"),
     (["bench", "--k-sweep", "2", "0"], "argument --k-sweep: must be an integer >= 1"),
-    (["audit", "--samples", "0"], "argument --samples: must be an integer >= 1"),
+    (["audit", "--samples", "0"], "argument --samples: must be an integer from 1 to 100,000"),
     (["audit", "--greedy-tokens", "-3"], "argument --greedy-tokens: must be an integer >= 0"),
     (["audit", "--k", "0"], "argument --k: must be an integer >= 1, got '0'"),
     (["generate", "x", "--threads", "-2"], "argument --threads: must be an integer from 0 to 512"),

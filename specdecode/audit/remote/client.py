@@ -4,7 +4,8 @@ Everything an endpoint can do wrong becomes one `EndpointError` line that says w
 what to do: no server at the address, a page that is not JSON (HTML), a refused key, a refused field,
 a model it does not serve. Busy and flaky servers are retried: a 429 or 503 after its Retry-After
 (or a backoff), a dropped connection or a timeout a few times, once the endpoint has answered at all
-(before that, a connection error is the wrong address, reported at once).
+(before that, a connection error is the wrong address, reported at once). An answer has `timeout`
+seconds in all: a server that trickles bytes forever is a timeout, not a hang.
 """
 
 from __future__ import annotations
@@ -69,6 +70,13 @@ def base_url(text: str, option: str) -> str:
     parts = urlsplit(text.strip())
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ValueError(f"{option} must be an http(s) URL such as http://127.0.0.1:8000, got {text!r}")
+    if not parts.hostname:
+        raise ValueError(f"{option} {text!r} has no host name: give one, such as http://127.0.0.1:8000")
+    try:
+        parts.port
+    except ValueError:
+        raise ValueError(f"{option} {text!r}: the port must be a number from 1 to 65535, such as "
+                         f"http://127.0.0.1:8000") from None
     path = parts.path.rstrip("/")
     if not path.endswith("/v1"):
         path += "/v1"
@@ -95,6 +103,7 @@ class Client:
         self.timeout, self.retries, self.max_wait = timeout, retries, max_wait
         self.answered: set[str] = set()  # URLs that answered once: a connection error there is a server gone
         self.retried = 0  # requests sent again (429, 503, dropped connections, timeouts)
+        self.notes: set[str] = set()  # what the run should know of how it was served (a Retry-After cut short)
 
     async def close(self) -> None:
         await self.http.aclose()
@@ -128,6 +137,8 @@ class Client:
             for sample in family.samples:
                 for key in totals:
                     if sample.name.endswith(f"spec_decode_num_{key}_tokens_total"):
+                        if not math.isfinite(sample.value) or sample.value < 0:
+                            return None  # a broken counter is no evidence (and must not end a finished run)
                         totals[key] += sample.value
                         seen = True
         return (totals["draft"], totals["accepted"]) if seen else None
@@ -145,8 +156,9 @@ class Client:
             last = attempt == self.retries
             async with self.slots:
                 try:
-                    response = await self.http.request(method, url, json=body, headers=headers)
-                except httpx.TimeoutException:
+                    async with asyncio.timeout(self.timeout):  # httpx's timeout is per read: a trickle resets it
+                        response = await self.http.request(method, url, json=body, headers=headers)
+                except (httpx.TimeoutException, TimeoutError):
                     if last:
                         raise EndpointError(f"{url}: no answer within {self.timeout:g} s ({self.retries} tries): the "
                                             f"server is too slow or stuck; raise --timeout or lower "
@@ -162,9 +174,12 @@ class Client:
                 else:
                     self.answered.add(side.url)
                     if response.status_code not in (429, 502, 503, 504) or last:
-                        return _read(response, url, side, body)
+                        return _read(response, url, side, body, self.retries)
                     wait = retry_after(response.headers.get("retry-after"))
             self.retried += 1
+            if wait is not None and wait > self.max_wait:
+                self.notes.add(f"{side.url} asked to wait {wait:.0f} s (Retry-After) before a retry; the audit waited "
+                               f"{self.max_wait:.0f} s")
             await asyncio.sleep(min(self.max_wait, wait if wait is not None else 2 ** (attempt - 1)))
         raise AssertionError("unreachable")
 
@@ -174,9 +189,11 @@ def retry_after(value: str | None) -> float | None:
     if not value:
         return None
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
         pass
+    else:
+        return max(0.0, seconds) if math.isfinite(seconds) else None
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
@@ -184,13 +201,16 @@ def retry_after(value: str | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
-def _read(response: httpx.Response, url: str, side: Side, body: dict | None) -> Any:
+def _read(response: httpx.Response, url: str, side: Side, body: dict | None, retries: int) -> Any:
     status = response.status_code
     kind = response.headers.get("content-type", "").split(";")[0].strip() or "no content type"
     try:
         doc = response.json()
     except (json.JSONDecodeError, UnicodeDecodeError):
         doc = None
+    except RecursionError:
+        raise EndpointError(f"{url} answered JSON nested too deep to read: is {side.url} an OpenAI-compatible "
+                            f"API?") from None
     if status == 200:
         if doc is None:
             what = "an HTML page" if "html" in kind else f"{kind}"
@@ -198,6 +218,12 @@ def _read(response: httpx.Response, url: str, side: Side, body: dict | None) -> 
                                 f"OpenAI-compatible API (such as http://host:8000/v1)?")
         return doc
     message = _message(doc, response.text)
+    if 300 <= status < 400:
+        where = response.headers.get("location")
+        raise EndpointError(f"{url} redirects ({status}) to {where}: give that address as "
+                            f"{'--server' if side.name == 'endpoint' else '--reference'}" if where else
+                            f"{url} answered a redirect ({status}) without saying where (no Location header): is "
+                            f"{side.url} the API's address?")
     if status in (401, 403):
         raise EndpointError(f"{url} refused the API key ({status}: {message}): {KEY_FIX}")
     if status == 404 and path_of(url).endswith("/models") and doc is None:
@@ -205,11 +231,12 @@ def _read(response: httpx.Response, url: str, side: Side, body: dict | None) -> 
                             f"API (such as http://host:8000/v1)?")
     if status == 404 and body is not None and ("model" in message.lower()):
         raise EndpointError(f"{url}: the server does not serve model {side.model!r} (404: {message}); give "
-                            f"--model with one it lists at {side.url}/models")
+                            f"{model_option(side)} with one it lists at {side.url}/models")
     if status in (400, 404, 405, 422):
         raise Refused(f"{url} refused the request ({status}: {message})", status)
     if status == 429:
-        raise EndpointError(f"{url} kept answering 429 (too many requests) after {RETRIES} tries: lower --concurrency")
+        raise EndpointError(f"{url} kept answering 429 (too many requests) after {retries} tries: lower "
+                            f"--concurrency or raise --retries")
     raise EndpointError(f"{url} answered {status}: {message}")
 
 
@@ -226,6 +253,11 @@ def _message(doc: Any, text: str) -> str:
                 else " ".join(doc["detail"].split())
     words = " ".join(text.split())
     return (words[:200] + "...") if len(words) > 200 else words or "no message"
+
+
+def model_option(side: Side) -> str:
+    """The option that names this side's model."""
+    return "--model" if side.name == "endpoint" else "--reference-model"
 
 
 def path_of(url: str) -> str:
@@ -264,19 +296,29 @@ def parse_answer(doc: Any, chat: bool, url: str) -> Answer:
     except (KeyError, IndexError, TypeError):
         raise EndpointError(f"{url} answered JSON that is not a completion (no choices[0]."
                             f"{'message.content' if chat else 'text'}): is this an OpenAI-compatible API?") from None
+    finish = choice.get("finish_reason")
+    for what, value in (("message.content" if chat else "text", text), ("finish_reason", finish)):
+        if value is not None and not isinstance(value, str):
+            raise EndpointError(f"{url} answered a completion whose choices[0].{what} is a JSON {type_name(value)}, "
+                                f"not a string: is this an OpenAI-compatible API?")
     usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else {}
     spec = usage.get("specdecode") if isinstance(usage.get("specdecode"), dict) else {}
     tokens, top = _logprobs(choice.get("logprobs"))
-    return Answer(text or "", choice.get("finish_reason"), _int(usage.get("completion_tokens")), tokens, top,
+    return Answer(text or "", finish, _int(usage.get("completion_tokens")), tokens, top,
                   _int(spec.get("drafted")), _int(spec.get("accepted")))
+
+
+def type_name(value: Any) -> str:
+    """JSON's name for a value's type (what a server sent where a string belonged)."""
+    return {dict: "object", list: "array", bool: "boolean", int: "number", float: "number"}.get(type(value), "value")
 
 
 def _logprobs(lp: Any) -> tuple[tuple[str, ...] | None, tuple[dict[str, float], ...] | None]:
     if not isinstance(lp, dict):
         return None, None
     if isinstance(lp.get("tokens"), list):  # completions, OpenAI's legacy shape
-        tops = lp.get("top_logprobs") or []
-        top = tuple(_top_dict(t) for t in tops) if len(tops) == len(lp["tokens"]) else None
+        tops = lp.get("top_logprobs")
+        top = tuple(_top_dict(t) for t in tops) if isinstance(tops, list) and len(tops) == len(lp["tokens"]) else None
         return tuple(str(t) for t in lp["tokens"]), top
     content = lp.get("content")
     if isinstance(content, list):  # chat's shape (llama-server uses it for completions too)
@@ -290,7 +332,9 @@ def _logprobs(lp: Any) -> tuple[tuple[str, ...] | None, tuple[dict[str, float], 
 
 
 def _top_dict(entry: Any) -> dict[str, float]:
-    return {str(k): float(v) for k, v in entry.items() if _finite(v)} if isinstance(entry, dict) else {}
+    if not isinstance(entry, dict):
+        return {}
+    return {str(k): lp for k, v in entry.items() if (lp := _logprob(v)) is not None}
 
 
 def _top_list(entries: list) -> dict[str, float]:
@@ -300,10 +344,18 @@ def _top_list(entries: list) -> dict[str, float]:
     for e in entries:
         if not isinstance(e, dict) or "token" not in e:
             continue
-        p = math.exp(e["logprob"]) if _finite(e.get("logprob")) else e.get("prob") if _finite(e.get("prob")) else None
+        lp = _logprob(e.get("logprob"))
+        p = math.exp(lp) if lp is not None else min(1.0, e["prob"]) if _finite(e.get("prob")) and e["prob"] >= 0 \
+            else None
         if p is not None:
             probs[str(e["token"])] = probs.get(str(e["token"]), 0.0) + p
     return {token: math.log(p) for token, p in probs.items() if p > 0}
+
+
+def _logprob(v: Any) -> float | None:
+    """A reported log-probability: a finite number, above 0 only by rounding (a server that reports more is
+    capped at 0, probability 1, rather than overflow the one-sample test); None if not a number."""
+    return min(0.0, float(v)) if _finite(v) else None
 
 
 def _finite(v: Any) -> bool:

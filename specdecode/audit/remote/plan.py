@@ -125,10 +125,13 @@ def parse_setting(text: str) -> Setting:
         if not eq or key not in ("temperature", "top_p", "top_k", "min_p"):
             raise ValueError(f"{text!r}: give key=value pairs of temperature, top_p, top_k, min_p "
                              f"(such as temperature=0.7,top_p=0.9)")
+        if key in fields:
+            raise ValueError(f"{text!r} gives {key} twice: give each key once")
         try:
             fields[key] = int(value) if key == "top_k" else float(value)
         except ValueError:
-            raise ValueError(f"{text!r}: {key} must be a number, got {value!r}") from None
+            what = "a whole number" if key == "top_k" else "a number"
+            raise ValueError(f"{text!r}: {key} must be {what}, got {value.strip()!r}") from None
     if "temperature" not in fields:
         raise ValueError(f"{text!r}: give a temperature > 0 (greedy is checked apart)")
     return Setting(**fields)
@@ -138,15 +141,57 @@ def load_prompts(path: str) -> tuple[Prompt, ...]:
     """A JSON file: a list whose items are a string (a completion prompt) or an object with "prompt" or
     "messages" (OpenAI's), and optionally "name" and "stop" (a string or a list)."""
     try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ValueError(f"--prompts {path}: no such file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"--prompts {path}: not a JSON file ({exc})") from None
+    except OSError as exc:  # a folder, a file it may not read
+        raise ValueError(f"--prompts {path}: cannot read it ({exc.strerror or exc}): give a JSON file") from None
+    try:
+        doc = strict_json(text)
+    except ValueError as exc:
         raise ValueError(f"--prompts {path}: not a JSON file ({exc})") from None
     if not isinstance(doc, list) or not doc:
         raise ValueError(f"--prompts {path}: give a JSON list of prompts (strings or objects with \"prompt\" or "
                          f"\"messages\")")
-    return tuple(_prompt(item, i, path) for i, item in enumerate(doc))
+    prompts = tuple(_prompt(item, i, path) for i, item in enumerate(doc))
+    names = [p.name for p in prompts]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"--prompts {path}: the name {twice[0]!r} is given to more than one prompt: give each "
+                         f"its own (the report's groups go by name)")
+    return prompts
+
+
+def strict_json(text: str):
+    """JSON as the standard has it: no NaN or Infinity (a server would refuse them, after the audit had
+    connected), and nesting a reader can follow; a ValueError saying which rule it broke."""
+    def constant(name: str):
+        raise ValueError(f"{name} is not a JSON value")
+
+    try:
+        value = json.loads(text, parse_constant=constant)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{exc.msg} at character {exc.pos}") from None
+    except RecursionError:
+        raise ValueError("nested too deep") from None
+    if _depth(value) > MAX_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
+    return value
+
+
+MAX_DEPTH = 32  # of --body and --prompts: far beyond any request field, well within what a server parses
+
+
+def _depth(value, level: int = 0) -> int:
+    if level > MAX_DEPTH or not isinstance(value, (dict, list)):
+        return level
+    items = value.values() if isinstance(value, dict) else value
+    return max((_depth(v, level + 1) for v in items), default=level + 1)
+
+
+PROMPT_FIELDS = {"name", "prompt", "messages", "stop"}
 
 
 def _prompt(item, i: int, path: str) -> Prompt:
@@ -155,6 +200,12 @@ def _prompt(item, i: int, path: str) -> Prompt:
         item = {"prompt": item}
     if not isinstance(item, dict) or ("prompt" in item) == ("messages" in item):
         raise ValueError(f"{where} must be a string or an object with one of \"prompt\" and \"messages\"")
+    unknown = sorted(set(item) - PROMPT_FIELDS)
+    if unknown:
+        raise ValueError(f"{where}: unknown field {unknown[0]!r} (a prompt has {', '.join(sorted(PROMPT_FIELDS))}; "
+                         f"sampling settings go in --setting, other request fields in --body)")
+    if "name" in item and (not isinstance(item["name"], str) or not item["name"].strip()):
+        raise ValueError(f"{where}: \"name\" must be a non-empty string")
     stop = item.get("stop", ())
     stop = (stop,) if isinstance(stop, str) else stop
     if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
