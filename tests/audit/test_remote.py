@@ -42,6 +42,8 @@ def test_a_lossless_endpoint_passes_with_the_control_detected():
     assert report.tests == len(report.comparisons) + len(report.greedy)
     assert report.comparisons[0].level == pytest.approx(1e-3 / report.tests)
     assert report.detectable_tv is not None and 0 < report.detectable_tv < 1
+    # the control ran on each prompt's group, so one prompt that hides a temperature change cannot hide it
+    assert {c.group.split(" | ")[0].split("): ")[1] for c in report.controls} == {p.name for p in QUICK_PROMPTS}
 
 
 @pytest.mark.parametrize("law,settings", [("accept-all", QUICK_SETTINGS), ("hot", QUICK_SETTINGS),

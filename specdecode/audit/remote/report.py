@@ -33,7 +33,7 @@ class RemoteReport:
 
     @property
     def control_detected(self) -> bool | None:
-        """Did a test of the negative control reject (None: the control did not run)?"""
+        """Did a test of the negative control reject, on any of its groups (None: the control did not run)?"""
         return any(not c.passed for c in self.controls) if self.controls else None
 
     @property
@@ -57,7 +57,7 @@ class RemoteReport:
             doubts.append("the negative control did not run")
         elif not self.control_detected:
             size = max((c.tv for c in self.controls if c.tv is not None), default=0.0)
-            doubts.append(f"the negative control went unseen (TV {size:.3f} between its samples): too few samples "
+            doubts.append(f"the negative control went unseen (TV up to {size:.3f} between its samples): too few samples "
                           f"to see a distortion of its size, raise --samples")
         endpoint, reference = self.drafts.get("endpoint"), self.drafts.get("reference")
         if endpoint is not None and endpoint["drafted"] == 0:

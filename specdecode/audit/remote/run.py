@@ -7,7 +7,7 @@ same load; the statistics of `compare` test each group's two samples. False fail
 tests runs at level / m (Bonferroni), so a lossless endpoint fails any with probability <= level.
 
 The negative control shows the run could see a loss: the reference against itself at a temperature
-x1.25 (on the group whose reference answers vary most), by the same test, must reject; else the
+x1.25 (on each prompt's first group), by the same tests, must reject on one of them at least; else the
 verdict is inconclusive. Each test reports the smallest total-variation distance (over its cells) it
 detects with 90% power (`stats.detectable_tv`); the run's is the largest of them. Greedy answers
 (temperature 0) are compared one request at a time, so no batch neighbour changes their numerics.
@@ -22,7 +22,7 @@ from typing import Sequence
 
 from tqdm.auto import tqdm
 
-from specdecode.audit.remote.client import Answer, Client, EndpointError, Side
+from specdecode.audit.remote.client import Answer, Client, EndpointError, Side, model_option
 from specdecode.audit.remote.compare import (END, Comparison, against_law, first_token_law, greedy_check,
                                              probe_answers, probe_temperature, statistics, tie_probe, two_sample)
 from specdecode.audit.remote.plan import Group, Prompt, Setting, build_plan
@@ -113,18 +113,19 @@ class _Run:
         tests = sum(len(statistics(g, caps.tokens.get(g.prompt.chat, False))) + _one_sample(g, caps)
                     for g in plan) + len(greedy_prompts)
         self.level = config.level / tests
+        self.control_groups = _control_groups(plan)  # the negative control's (one per prompt)
+        self.control: dict[int, list[Answer]] = {i: [] for i in self.control_groups}
         self.report = RemoteReport(_describe(endpoint), _describe(reference), config.level, config.power,
                                    config.samples, tests, notes=list(caps.notes),
-                                   planned=(2 * len(plan) + 1) * config.samples + 2 * len(greedy_prompts))
+                                   planned=(2 * len(plan) + len(self.control_groups)) * config.samples
+                                   + 2 * len(greedy_prompts))
         self.answers: dict[tuple[int, str], list[Answer]] = {(i, s.name): [] for i in range(len(plan))
                                                              for s in (endpoint, reference)}
-        self.control: list[Answer] = []
-        self.control_group: Group | None = None
         self.probes: list[list[Answer]] = []  # the tie probes' answers
         self.bar = None
 
     def answered(self) -> int:
-        return (sum(map(len, self.answers.values())) + len(self.control) + 2 * len(self.report.greedy)
+        return (sum(map(len, self.answers.values())) + sum(map(len, self.control.values())) + 2 * len(self.report.greedy)
                 + sum(map(len, self.probes)))
 
     async def sample_groups(self) -> None:
@@ -137,11 +138,13 @@ class _Run:
         self.report.drafts = _drafts(self.answers, sides, before, await _counters(self.client, sides))
 
     async def sample_control(self) -> None:
-        """The reference at the perturbed temperature, on the group whose reference answers vary most."""
-        self.control_group = group = _most_varied(self.plan, self.answers, self.reference.name)
-        request = _request(group, _perturbed(group.setting, self.config.control_factor), self.caps)
-        await _sample(self.client, [(self.reference, request, group.prompt.chat, self.control)] * self.config.samples,
-                      self.config.concurrency, self.bar)
+        """The reference at the perturbed temperature, on each prompt's first group, interleaved. A prompt
+        whose answers barely move with the temperature (one likely answer, or a long flat tail that the cells
+        merge) would hide the control: one of several prompts shows it where one chosen prompt may not."""
+        jobs = [(self.reference, _request(self.plan[i], _perturbed(self.plan[i].setting, self.config.control_factor),
+                                          self.caps), self.plan[i].prompt.chat, self.control[i])
+                for _ in range(self.config.samples) for i in self.control_groups]
+        await _sample(self.client, jobs, self.config.concurrency, self.bar)
 
     async def check_greedy(self) -> None:
         config, needed = self.config, probe_answers(self.level)
@@ -166,15 +169,21 @@ class _Run:
         """The tests on the answers that arrived."""
         report, config = self.report, self.config
         report.sent, report.retried = self.answered(), self.client.retried
+        report.notes += sorted(self.client.notes)
+        if report.sent and not report.interrupted and "endpoint" not in report.drafts:
+            report.notes.append("the endpoint reports no draft counts (no usage.specdecode in its answers, no "
+                                "spec_decode counters at /metrics), so the audit cannot show that it speculated: a "
+                                "pass says its law is the reference's, whatever it ran")
         for i, g in enumerate(self.plan):
             report.comparisons += _compare(g, self.answers[i, self.endpoint.name], self.answers[i, self.reference.name],
                                            self.caps, self.level, config.power)
-        group = self.control_group
-        if group is not None and self.control:
-            hotter = _perturbed(group.setting, config.control_factor).temperature
-            name = f"control (reference at T {hotter:g} vs T {group.setting.temperature:g}): {group.label}"
-            report.controls = _compare(group, self.control, self.answers[self.plan.index(group), self.reference.name],
-                                       self.caps, self.level, config.power, name)
+        for i, answers in self.control.items():
+            group = self.plan[i]
+            if answers:
+                hotter = _perturbed(group.setting, config.control_factor).temperature
+                name = f"control (reference at T {hotter:g} vs T {group.setting.temperature:g}): {group.label}"
+                report.controls += _compare(group, answers, self.answers[i, self.reference.name], self.caps,
+                                            self.level, config.power, name)
         return report
 
 
@@ -185,7 +194,7 @@ async def _with_model(client: Client, side: Side) -> Side:
     more, and a reference must be told how to turn speculation off."""
     models = await client.models(side) if not side.model or side.body is None else []
     if not side.model and not models:
-        raise EndpointError(f"{side.url}/models lists no model: give --model")
+        raise EndpointError(f"{side.url}/models lists no model: give {model_option(side)}")
     if side.body is None:
         ours = any(m.get("owned_by") == "specdecode" for m in models)
         if side.name == "reference" and not ours:
@@ -241,12 +250,13 @@ async def _sample(client: Client, jobs: list[tuple[Side, dict, bool, list]], con
         await asyncio.gather(*workers, return_exceptions=True)
 
 
-def _most_varied(plan: list[Group], answers: dict, reference: str) -> Group:
-    """The short group whose reference answers take the most distinct values (the most to see a
-    temperature change in)."""
-    short = [i for i, g in enumerate(plan) if not g.boundary]
-    i = max(short, key=lambda i: len({(a.text, a.finish_reason) for a in answers[i, reference]}))
-    return plan[i]
+def _control_groups(plan: list[Group]) -> list[int]:
+    """The control's groups: each prompt's first short group (its first setting and max_tokens)."""
+    first: dict[Prompt, int] = {}
+    for i, g in enumerate(plan):
+        if not g.boundary:
+            first.setdefault(g.prompt, i)
+    return list(first.values())
 
 
 def _compare(group: Group, e: list[Answer], r: list[Answer], caps: Capabilities, level: float, power: float,
