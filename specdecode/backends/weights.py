@@ -102,9 +102,14 @@ BACKENDS = ("auto", "native", "llama.cpp", "transformers")
 GGUF_BACKENDS = ("native", "llama.cpp")  # run a GGUF file as it is, on the CPU
 
 
+def is_embedded(ref: str | os.PathLike | None) -> bool:
+    """None and 'embedded' name the embedded pair (the PyPI-chunked Qwen2.5-Coder GGUFs)."""
+    return ref is None or str(ref) == "embedded"
+
+
 def is_gguf(ref: str | os.PathLike | None) -> bool:
-    """The embedded models (None / 'embedded') are GGUF files; so is any *.gguf path."""
-    return ref is None or str(ref) == "embedded" or Path(ref).suffix == ".gguf"
+    """The embedded models are GGUF files; so is any *.gguf path."""
+    return is_embedded(ref) or Path(ref).suffix == ".gguf"
 
 
 def resolve_backend(backend: str, ref: str | os.PathLike | None, device: str) -> str:
@@ -145,7 +150,7 @@ def resolve_backend(backend: str, ref: str | os.PathLike | None, device: str) ->
 def _why_not_native(ref: str | os.PathLike | None) -> str | None:
     """Why our kernels cannot run the GGUF file `ref` (None for the embedded pair, which they run, and
     for a file that cannot be read: loading it names the problem)."""
-    if ref is None or str(ref) == "embedded" or not Path(ref).is_file():
+    if is_embedded(ref) or not Path(ref).is_file():
         return None
     from specdecode.backends.native.gguf_layout import read_layout
     from specdecode.backends.native.weights import why_not_native
@@ -161,7 +166,7 @@ def load_model(ref: str | os.PathLike | None, role: str, dtype: torch.dtype, dev
     """Load `ref`: None/'embedded' (the default for `role`), a model directory, or a .gguf file,
     on `backend` (already resolved). Returns (model, tokenizer)."""
     _check_not_empty(ref, role)
-    embedded = ref is None or str(ref) == "embedded"
+    embedded = is_embedded(ref)
     if backend == "native":
         from specdecode.backends.llamacpp import yield_torch_threads
         from specdecode.backends.native import NativeModel, NativeSettings, NativeWeights

@@ -219,9 +219,9 @@ def build_llamacpp_native(target: str | None, threads: int, n_ctx: int,
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
     from specdecode.backends.cpu import default_threads
-    from specdecode.backends.weights import EMBEDDED, ensure_gguf
+    from specdecode.backends.weights import EMBEDDED, ensure_gguf, is_embedded
 
-    path = str(ensure_gguf(EMBEDDED["target"], progress=False) if target in (None, "embedded") else target)
+    path = str(ensure_gguf(EMBEDDED["target"], progress=False) if is_embedded(target) else target)
     threads = threads or default_threads()
 
     def make(name: str, **extra) -> Method:
