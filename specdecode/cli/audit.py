@@ -68,8 +68,7 @@ def check_mode(args: argparse.Namespace) -> None:
     at its default value (`--temperature 1` with --server would be ignored, and say nothing)."""
     server = args.server is not None
     unused = args.in_process_options if server else args.server_options[1:]
-    given = [a for a in given_options(args.all_options, args.argv) if a in unused] if hasattr(args, "argv") else \
-        [a for a in unused if getattr(args, a.dest) != a.default]
+    given = [a for a in given_options(args.all_options, args.argv) if a in unused]
     if not given:
         return
     option = given[0].option_strings[0]

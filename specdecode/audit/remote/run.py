@@ -113,11 +113,11 @@ class _Run:
         tests = sum(len(statistics(g, caps.tokens.get(g.prompt.chat, False))) + _one_sample(g, caps)
                     for g in plan) + len(greedy_prompts)
         self.level = config.level / tests
-        self.control_groups = _control_groups(plan)  # the negative control's (one per prompt)
-        self.control: dict[int, list[Answer]] = {i: [] for i in self.control_groups}
+        # the negative control's answers, by group (each prompt's first)
+        self.control: dict[int, list[Answer]] = {i: [] for i in _control_groups(plan)}
         self.report = RemoteReport(_describe(endpoint), _describe(reference), config.level, config.power,
                                    config.samples, tests, notes=list(caps.notes),
-                                   planned=(2 * len(plan) + len(self.control_groups)) * config.samples
+                                   planned=(2 * len(plan) + len(self.control)) * config.samples
                                    + 2 * len(greedy_prompts))
         self.answers: dict[tuple[int, str], list[Answer]] = {(i, s.name): [] for i in range(len(plan))
                                                              for s in (endpoint, reference)}
@@ -143,7 +143,7 @@ class _Run:
         merge) would hide the control: one of several prompts shows it where one chosen prompt may not."""
         jobs = [(self.reference, _request(self.plan[i], _perturbed(self.plan[i].setting, self.config.control_factor),
                                           self.caps), self.plan[i].prompt.chat, self.control[i])
-                for _ in range(self.config.samples) for i in self.control_groups]
+                for _ in range(self.config.samples) for i in self.control]
         await _sample(self.client, jobs, self.config.concurrency, self.bar)
 
     async def check_greedy(self) -> None:
